@@ -1,0 +1,57 @@
+"""The ``gputask`` command line: operator, demo, emulator, scenario runner, trace replay.
+
+Each command imports its implementation lazily so ``gputask --help`` stays fast and the
+operator image need not carry matplotlib.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gputask.core.placement import DEFAULT_POLICY
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+scenario_app = typer.Typer(no_args_is_help=True, help="Deterministic what-if runs of the scheduler.")
+app.add_typer(scenario_app, name="scenario")
+
+
+@scenario_app.command("run")
+def scenario_run(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (DESIGN.md section 6).")],
+    output: Annotated[str, typer.Option(help="table or json")] = "table",
+    policy: Annotated[str, typer.Option(help="Placement policy, or 'fifo' for the strict FIFO baseline.")] = DEFAULT_POLICY,
+    plot: Annotated[Path | None, typer.Option(help="Write a per-GPU timeline PNG here.")] = None,
+) -> None:
+    """Run a scenario on a simulated clock and print what the scheduler decided."""
+    from gputask.sim.scenario import cli_run
+
+    raise typer.Exit(cli_run(file, output=output, policy=policy, plot=plot))
+
+
+@app.command()
+def simulate(
+    trace_dir: Annotated[Path, typer.Option(help="Folder of the Alibaba GPU trace v2023 CSVs (not shipped).")],
+    pods: Annotated[list[str] | None, typer.Option(help="Pod list file name(s); default openb_pod_list_default.csv")] = None,
+    policy: Annotated[list[str] | None, typer.Option(help="Policies to compare (repeatable).")] = None,
+    seeds: Annotated[str, typer.Option(help="Seed range, e.g. 42-51")] = "42-51",
+    output: Annotated[str, typer.Option(help="table or json")] = "table",
+    jobs: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+) -> None:
+    """Replay the Alibaba GPU trace (FGD protocol) through the core and compare policies."""
+    from gputask.sim.trace import cli_simulate
+
+    raise typer.Exit(
+        cli_simulate(trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs)
+    )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

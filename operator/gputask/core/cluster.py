@@ -1,0 +1,276 @@
+"""Cluster state: nodes, their GPUs and the MiB reserved on each GPU.
+
+The state is the scheduler's cache ("assume, then commit", as in Kueue): a placement is
+reserved here as soon as it is decided, and released when the task finishes, is deleted,
+evicted, or when the API write that would have made it real fails.
+
+Invariants (checked by :meth:`ClusterState.violations` and the property tests):
+- on every GPU, reserved MiB + foreign MiB never exceed the GPU's memory for reservations
+  made here (foreign use reported later can exceed it: that is the agent's truth);
+- an exclusive (whole-GPU) reservation is the only one on its GPU;
+- a task is reserved on at most one node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from gputask.core.errors import OverCommitError, UnknownNodeError
+from gputask.core.model import Gpu, GpuSlot, Node, NodeName, Placement, Task, TaskKey
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A task's reservation: the task, its placement, and whether its GPUs are exclusive."""
+
+    task: Task
+    placement: Placement
+    exclusive: bool
+
+
+@dataclass(slots=True, eq=False)
+class NodeState:
+    """Mutable per-node accounting.
+
+    ``reserved_mib[i]`` is the MiB reserved by gputask tasks on ``node.gpus[i]``;
+    ``exclusive[i]`` is True while a whole-GPU task holds it. ``generation`` increases on
+    every change so snapshots and caches can refresh only changed nodes.
+    """
+
+    node: Node
+    reserved_mib: list[int]
+    exclusive: list[bool]
+    position: dict[int, int]
+    tasks: dict[TaskKey, Placement] = field(default_factory=dict)
+    cpu_used: int = 0
+    memory_used_mib: int = 0
+    generation: int = 0
+
+    @classmethod
+    def of(cls, node: Node) -> NodeState:
+        """Return an empty state for ``node``."""
+        n = len(node.gpus)
+        return cls(node, [0] * n, [False] * n, {g.index: i for i, g in enumerate(node.gpus)})
+
+    @property
+    def name(self) -> NodeName:
+        """The node's name."""
+        return self.node.name
+
+    def free_mib(self, pos: int) -> int:
+        """Free MiB on the GPU at position ``pos`` (0 when unhealthy or exclusively held)."""
+        gpu = self.node.gpus[pos]
+        if not gpu.healthy or self.exclusive[pos]:
+            return 0
+        return max(0, gpu.memory_mib - gpu.foreign_mib - self.reserved_mib[pos])
+
+    def is_idle(self, pos: int) -> bool:
+        """True when the GPU at ``pos`` is healthy and holds nothing (ours or foreign)."""
+        gpu = self.node.gpus[pos]
+        return gpu.healthy and self.reserved_mib[pos] == 0 and gpu.foreign_mib == 0
+
+    @property
+    def cpu_free(self) -> int | None:
+        """Free millicores, or None when CPU is not tracked."""
+        cap = self.node.cpu_milli
+        return None if cap is None else cap - self.cpu_used
+
+    @property
+    def memory_free_mib(self) -> int | None:
+        """Free host memory (MiB), or None when it is not tracked."""
+        cap = self.node.memory_mib
+        return None if cap is None else cap - self.memory_used_mib
+
+
+class ClusterState:
+    """All nodes and reservations. Not thread-safe: one scheduler owns it.
+
+    Nodes are kept in name order (``sorted_nodes``) because ties in placement go to the
+    smallest node name.
+    """
+
+    def __init__(self, nodes: Iterable[Node] = ()) -> None:
+        self._nodes: dict[NodeName, NodeState] = {}
+        self._sorted: list[NodeState] | None = None
+        self._reservations: dict[TaskKey, Reservation] = {}
+        self.generation = 0
+        for node in nodes:
+            self.set_node(node)
+
+    # -- nodes -------------------------------------------------------------------------
+    def set_node(self, node: Node) -> list[TaskKey]:
+        """Add or update a node, keeping reservations on GPUs that still exist.
+
+        Returns the keys of tasks whose GPUs vanished (their reservation is kept: the
+        caller decides whether to evict them).
+        """
+        old = self._nodes.get(node.name)
+        state = NodeState.of(node)
+        lost: list[TaskKey] = []
+        if old is not None:
+            state.tasks = old.tasks
+            for key, placement in old.tasks.items():
+                exclusive = self._reservations[key].exclusive
+                for slot in placement.gpus:
+                    pos = state.position.get(slot.index)
+                    if pos is None or node.gpus[pos].uuid != slot.uuid:
+                        lost.append(key)
+                        continue
+                    state.reserved_mib[pos] += slot.memory_mib
+                    state.exclusive[pos] = state.exclusive[pos] or exclusive
+            state.cpu_used, state.memory_used_mib = old.cpu_used, old.memory_used_mib
+            state.generation = old.generation + 1
+        else:
+            self._sorted = None
+        self._nodes[node.name] = state
+        if self._sorted is not None:
+            self._sorted = [state if s.name == node.name else s for s in self._sorted]
+        self.generation += 1
+        return sorted(set(lost))
+
+    def remove_node(self, name: NodeName) -> list[TaskKey]:
+        """Remove a node; returns the keys of tasks still reserved on it (not released)."""
+        state = self._nodes.pop(name, None)
+        if state is None:
+            return []
+        self._sorted = None
+        self.generation += 1
+        return sorted(state.tasks)
+
+    def node(self, name: NodeName) -> NodeState:
+        """Return the state of ``name``; raises UnknownNodeError."""
+        try:
+            return self._nodes[name]
+        except KeyError:
+            raise UnknownNodeError(name) from None
+
+    def has_node(self, name: NodeName) -> bool:
+        """True when the node is known."""
+        return name in self._nodes
+
+    def sorted_nodes(self) -> list[NodeState]:
+        """Node states in name order (cached until a node is added or removed)."""
+        if self._sorted is None:
+            self._sorted = [self._nodes[n] for n in sorted(self._nodes)]
+        return self._sorted
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(self.sorted_nodes())
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    # -- reservations --------------------------------------------------------------------
+    def reserve(self, task: Task, placement: Placement) -> None:
+        """Reserve ``placement`` for ``task``.
+
+        Raises OverCommitError when the task is already reserved, a GPU is unknown,
+        unhealthy, exclusively held, or would exceed its memory; nothing changes then.
+        """
+        if task.key in self._reservations:
+            raise OverCommitError(f"{task.key} is already reserved")
+        state = self.node(placement.node)
+        exclusive = task.request.exclusive
+        positions = self._check_fits(state, placement, exclusive)
+        for pos, slot in zip(positions, placement.gpus, strict=True):
+            state.reserved_mib[pos] += slot.memory_mib
+            state.exclusive[pos] = exclusive
+        state.cpu_used += task.cpu_milli
+        state.memory_used_mib += task.memory_mib
+        state.tasks[task.key] = placement
+        state.generation += 1
+        self.generation += 1
+        self._reservations[task.key] = Reservation(task, placement, exclusive)
+
+    def force_reserve(self, task: Task, placement: Placement) -> None:
+        """Record an existing placement (rebuilt after a restart) even if it over-commits.
+
+        Used only for work that is already running: the API is the truth, and refusing
+        it would forget a task. Over-commit then shows in :meth:`violations`.
+        """
+        if task.key in self._reservations:
+            return
+        state = self.node(placement.node)
+        exclusive = task.request.exclusive
+        for slot in placement.gpus:
+            pos = state.position.get(slot.index)
+            if pos is not None:
+                state.reserved_mib[pos] += slot.memory_mib
+                state.exclusive[pos] = state.exclusive[pos] or exclusive
+        state.cpu_used += task.cpu_milli
+        state.memory_used_mib += task.memory_mib
+        state.tasks[task.key] = placement
+        state.generation += 1
+        self.generation += 1
+        self._reservations[task.key] = Reservation(task, placement, exclusive)
+
+    def _check_fits(self, state: NodeState, placement: Placement, exclusive: bool) -> list[int]:
+        positions: list[int] = []
+        for slot in placement.gpus:
+            pos = state.position.get(slot.index)
+            if pos is None or pos in positions:
+                raise OverCommitError(f"{state.name}: GPU {slot.index} unknown or repeated")
+            gpu: Gpu = state.node.gpus[pos]
+            if gpu.uuid != slot.uuid:
+                raise OverCommitError(f"{state.name}: GPU {slot.index} is {gpu.uuid}, not {slot.uuid}")
+            if exclusive and not state.is_idle(pos):
+                raise OverCommitError(f"{state.name}: GPU {slot.index} is not idle")
+            if slot.memory_mib > state.free_mib(pos):
+                raise OverCommitError(
+                    f"{state.name}: GPU {slot.index} has {state.free_mib(pos)} MiB free, "
+                    f"{slot.memory_mib} MiB asked"
+                )
+            positions.append(pos)
+        return positions
+
+    def release(self, key: TaskKey) -> Placement | None:
+        """Release a task's reservation; returns its placement, or None if it had none."""
+        res = self._reservations.pop(key, None)
+        if res is None:
+            return None
+        state = self._nodes.get(res.placement.node)
+        if state is not None and state.tasks.pop(key, None) is not None:
+            for slot in res.placement.gpus:
+                pos = state.position.get(slot.index)
+                if pos is not None:
+                    state.reserved_mib[pos] -= slot.memory_mib
+                    if res.exclusive:
+                        state.exclusive[pos] = False
+            state.cpu_used -= res.task.cpu_milli
+            state.memory_used_mib -= res.task.memory_mib
+            state.generation += 1
+        self.generation += 1
+        return res.placement
+
+    def reservation(self, key: TaskKey) -> Reservation | None:
+        """The reservation of ``key``, if any."""
+        return self._reservations.get(key)
+
+    def reservations(self) -> dict[TaskKey, Reservation]:
+        """All reservations by task key (a read-only view by convention)."""
+        return self._reservations
+
+    # -- checks ----------------------------------------------------------------------------
+    def violations(self) -> list[str]:
+        """Broken invariants as human-readable lines (empty when all hold)."""
+        out: list[str] = []
+        for state in self.sorted_nodes():
+            for pos, gpu in enumerate(state.node.gpus):
+                if state.reserved_mib[pos] > gpu.memory_mib:
+                    out.append(
+                        f"{state.name} GPU {gpu.index}: {state.reserved_mib[pos]} MiB reserved "
+                        f"> {gpu.memory_mib} MiB"
+                    )
+                holders = [k for k, p in state.tasks.items() if gpu.index in p.indices]
+                if state.exclusive[pos] and len(holders) > 1:
+                    out.append(f"{state.name} GPU {gpu.index}: exclusive GPU shared by {holders}")
+        return out
+
+
+def slots_for(state: NodeState, task: Task, positions: Iterable[int]) -> tuple[GpuSlot, ...]:
+    """The GpuSlots a task gets on ``positions`` of ``state`` (MiB per the request's shape)."""
+    gpus = state.node.gpus
+    return tuple(
+        GpuSlot(gpus[p].index, gpus[p].uuid, task.request.mib_on(gpus[p])) for p in positions
+    )

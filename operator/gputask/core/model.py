@@ -1,0 +1,145 @@
+"""Value types of the core: GPUs, nodes, task requests, tasks and placements.
+
+Units: GPU memory in MiB (int), GPU shares in milli-GPU (1000 = one whole GPU),
+CPU in millicores, host memory in MiB, times in seconds (float, any epoch).
+All values are frozen, slotted dataclasses so they can be shared between the
+cluster state, snapshots and decisions without copying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NewType
+
+TaskKey = NewType("TaskKey", str)
+"""``namespace/name`` of a GPUTask (or a trace pod's name)."""
+
+NodeName = NewType("NodeName", str)
+"""Name of a Kubernetes Node (and of its GPUNode)."""
+
+MILLI_PER_GPU = 1000
+
+
+def task_key(namespace: str, name: str) -> TaskKey:
+    """Return the key ``namespace/name`` of a task."""
+    return TaskKey(f"{namespace}/{name}")
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU device of a node.
+
+    ``index`` is the NVML index on the node, ``memory_mib`` its total memory,
+    ``foreign_mib`` memory held by processes gputask did not place (reported by the agent).
+    """
+
+    index: int
+    uuid: str
+    product: str
+    memory_mib: int
+    healthy: bool = True
+    foreign_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A GPU node as the scheduler sees it.
+
+    ``cpu_milli`` and ``memory_mib`` are allocatable host resources; ``None`` means
+    "not tracked" (the operator leaves CPU/memory to kube-scheduler; the trace replay
+    tracks them as the FGD protocol does). ``schedulable`` is False for a node that is
+    NotReady, cordoned for failure, or whose GPUNode heartbeat is stale.
+    """
+
+    name: NodeName
+    gpus: tuple[Gpu, ...]
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """What a task needs on each of ``count`` GPUs of one node.
+
+    Exactly one of three shapes:
+    - whole GPUs (``memory_mib`` and ``fraction_milli`` both None): each GPU exclusively;
+    - ``memory_mib``: that many MiB on each GPU, sharing allowed;
+    - ``fraction_milli``: that share (1..1000) of each GPU's memory, sharing allowed;
+      1000 means the whole GPU and is treated as exclusive.
+
+    ``products`` restricts the allowed GPU products (empty = any).
+    """
+
+    count: int
+    memory_mib: int | None = None
+    fraction_milli: int | None = None
+    products: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def exclusive(self) -> bool:
+        """True when each GPU must be free of any other task."""
+        if self.memory_mib is not None:
+            return False
+        return self.fraction_milli is None or self.fraction_milli >= MILLI_PER_GPU
+
+    def mib_on(self, gpu: Gpu) -> int:
+        """MiB this request reserves on ``gpu`` (whole memory when exclusive; rounds up)."""
+        if self.memory_mib is not None:
+            return self.memory_mib
+        if self.exclusive:
+            return gpu.memory_mib
+        assert self.fraction_milli is not None
+        return -(-gpu.memory_mib * self.fraction_milli // MILLI_PER_GPU)
+
+    def allows(self, product: str) -> bool:
+        """True when ``product`` is allowed by ``products``."""
+        return not self.products or product in self.products
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A unit of work to admit and place.
+
+    ``created`` orders tasks of equal priority (seconds); ``cpu_milli``/``memory_mib`` are
+    host requests (0 when not tracked); ``namespace_labels`` feeds queues' namespaceSelector.
+    """
+
+    key: TaskKey
+    queue: str
+    request: GpuRequest
+    priority: int = 0
+    created: float = 0.0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    namespace_labels: tuple[tuple[str, str], ...] = ()
+    max_reschedules: int = 3
+
+    @property
+    def namespace(self) -> str:
+        """The namespace part of the key ('' for keys without one)."""
+        ns, _, _ = self.key.rpartition("/")
+        return ns
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """One GPU of a placement: NVML index, UUID and MiB reserved on it."""
+
+    index: int
+    uuid: str
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A concrete placement: one node and the exact GPUs (with MiB on each)."""
+
+    node: NodeName
+    gpus: tuple[GpuSlot, ...]
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """GPU indices in placement order."""
+        return tuple(g.index for g in self.gpus)

@@ -1,0 +1,179 @@
+"""Queues' quota, Kueue ClusterQueue semantics at GPU granularity.
+
+Resources (DESIGN.md section 2):
+- ``nvidia.com/gpu`` in milli-GPU: for each device of a placement, reserved / device memory,
+  rounded up (a whole GPU is 1000);
+- ``gputask.io/gpu-memory`` in MiB reserved on the devices.
+
+A resource a queue does not list is not limited. Borrowing follows Kueue's ClusterQueue
+rules: a queue may use, beyond its nominalQuota, what the other queues of its cohort leave
+unused and may lend (``lendingLimit``), up to its own ``borrowingLimit``.
+Source: Kueue documentation, "Cluster Queue" (concepts), resource groups and cohorts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gputask.core.model import MILLI_PER_GPU, Placement
+
+GPU = "nvidia.com/gpu"
+GPU_MEMORY = "gputask.io/gpu-memory"
+RESOURCES = (GPU, GPU_MEMORY)
+
+Usage = dict[str, int]
+"""Amounts by resource name: milli-GPU for ``nvidia.com/gpu``, MiB for ``gputask.io/gpu-memory``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceQuota:
+    """Quota of one resource in a queue (units as in :data:`Usage`); None = no limit."""
+
+    nominal: int
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    """One ``matchExpressions`` entry: key, operator (In, NotIn, Exists, DoesNotExist), values."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True when ``labels`` satisfy this requirement."""
+        present = self.key in labels
+        if self.operator == "In":
+            return present and labels[self.key] in self.values
+        if self.operator == "NotIn":
+            return not present or labels[self.key] not in self.values
+        if self.operator == "Exists":
+            return present
+        return not present  # DoesNotExist
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector; the empty selector matches everything."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True when every matchLabels pair and every expression holds."""
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            r.matches(labels) for r in self.match_expressions
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """ClusterQueue preemption policy (Kueue names and defaults)."""
+
+    within_cluster_queue: str = "Never"
+    reclaim_within_cohort: str = "Never"
+    borrow_within_cohort: str = "Never"
+    max_priority_threshold: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A GPUClusterQueue as the core sees it (quantities already converted)."""
+
+    name: str
+    cohort: str | None = None
+    namespace_selector: LabelSelector = field(default_factory=LabelSelector)
+    strategy: str = "BestEffortFIFO"
+    quotas: Mapping[str, ResourceQuota] = field(default_factory=dict)
+    preemption: Preemption = field(default_factory=Preemption)
+    fair_sharing_weight_milli: int | None = None
+    stop_policy: str = "None"
+
+
+def usage_of(placement: Placement, memory_of: Mapping[int, int]) -> Usage:
+    """Quota usage of a placement; ``memory_of`` maps GPU index to the device's MiB."""
+    milli = sum(-(-s.memory_mib * MILLI_PER_GPU // memory_of[s.index]) for s in placement.gpus)
+    return {GPU: milli, GPU_MEMORY: sum(s.memory_mib for s in placement.gpus)}
+
+
+def add_usage(into: Usage, delta: Mapping[str, int], sign: int = 1) -> None:
+    """Add (or with ``sign=-1`` subtract) ``delta`` into ``into`` in place."""
+    for name, amount in delta.items():
+        into[name] = into.get(name, 0) + sign * amount
+
+
+class QuotaBook:
+    """Usage per queue and the borrowing arithmetic over cohorts."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, QueueSpec] = {}
+        self.usage: dict[str, Usage] = {}
+
+    def set_queue(self, spec: QueueSpec) -> None:
+        """Add or replace a queue's spec, keeping its usage."""
+        self.specs[spec.name] = spec
+        self.usage.setdefault(spec.name, {})
+
+    def remove_queue(self, name: str) -> None:
+        """Forget a queue's spec (usage stays, so running work is still counted)."""
+        self.specs.pop(name, None)
+
+    def cohort_members(self, cohort: str | None) -> Iterable[QueueSpec]:
+        """Queues of ``cohort`` (none for a queue without a cohort)."""
+        if cohort is None:
+            return ()
+        return [s for s in self.specs.values() if s.cohort == cohort]
+
+    def lendable(self, spec: QueueSpec, resource: str) -> int:
+        """What ``spec`` leaves unused of ``resource`` and may lend to its cohort."""
+        quota = spec.quotas.get(resource)
+        if quota is None:
+            return 0
+        unused = max(0, quota.nominal - self.usage.get(spec.name, {}).get(resource, 0))
+        if quota.lending_limit is not None:
+            unused = min(unused, quota.lending_limit)
+        return unused
+
+    def available(self, name: str, resource: str) -> int | None:
+        """How much more of ``resource`` queue ``name`` may use now; None = unlimited."""
+        spec = self.specs[name]
+        quota = spec.quotas.get(resource)
+        if quota is None:
+            return None
+        used = self.usage.get(name, {}).get(resource, 0)
+        own = max(0, quota.nominal - used)
+        borrowable = sum(
+            self.lendable(other, resource)
+            for other in self.cohort_members(spec.cohort)
+            if other.name != name
+        )
+        if quota.borrowing_limit is not None:
+            borrowed_now = max(0, used - quota.nominal)
+            borrowable = min(borrowable, max(0, quota.borrowing_limit - borrowed_now))
+        return own + borrowable
+
+    def refuses(self, name: str, usage: Mapping[str, int]) -> str | None:
+        """The first resource for which ``usage`` does not fit queue ``name``, else None."""
+        for resource in RESOURCES:
+            amount = usage.get(resource, 0)
+            if amount == 0:
+                continue
+            free = self.available(name, resource)
+            if free is not None and amount > free:
+                return resource
+        return None
+
+    def charge(self, name: str, usage: Mapping[str, int], sign: int = 1) -> None:
+        """Add (sign=1) or remove (sign=-1) usage of queue ``name``."""
+        add_usage(self.usage.setdefault(name, {}), usage, sign)
+
+    def borrowed(self, name: str) -> Usage:
+        """Amount used beyond nominalQuota, per listed resource."""
+        spec = self.specs.get(name)
+        used = self.usage.get(name, {})
+        if spec is None:
+            return {}
+        return {r: max(0, used.get(r, 0) - q.nominal) for r, q in spec.quotas.items()}
