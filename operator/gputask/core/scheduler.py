@@ -129,6 +129,19 @@ class Scheduler:
         self.quotas.charge(run.task.queue, run.usage, -1)
         return run.placement
 
+    def evict(self, key: TaskKey) -> Task | None:
+        """Evict a running task: release GPUs and quota, queue it again in its old place.
+
+        The task keeps its creation time, so it goes ahead of newer work. Returns the task,
+        or None when it was not running. The adapter records the reason and the attempt.
+        """
+        run = self.running.get(key)
+        if run is None:
+            return None
+        self.finish(key)
+        self.pending.push(run.task)
+        return run.task
+
     def unadmit(self, key: TaskKey) -> None:
         """Undo an admission whose API write failed: release and queue the task again."""
         run = self.running.get(key)

@@ -1,0 +1,89 @@
+"""Operator configuration: one versioned file, validated at start with clear errors.
+
+Shape (YAML)::
+
+    apiVersion: gputask.io/v1alpha1
+    kind: Configuration
+    nodeFailureGracePeriod: 60s     # NotReady/Unknown this long = node failure
+    heartbeatStaleAfter: 120s       # a GPUNode heartbeat older than this = node failure
+    cycleInterval: 1s               # scheduling cycle period when nothing wakes the loop
+    policy: bestfit                 # placement policy name
+    queueing: gputask               # gputask | kueue
+    namespace: ""                   # watch one namespace; "" = cluster-wide
+
+Durations accept seconds as a number or a string with s/m/h suffix.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``30``, ``"30"``, ``"30s"``, ``"2m"``, ``"1h"``, ``"500ms"``; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"duration must not be negative: {value!r}")
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 2m, 1h)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Config(BaseModel):
+    """Validated operator configuration (durations in seconds)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    api_version: Literal["gputask.io/v1alpha1"] = Field("gputask.io/v1alpha1", alias="apiVersion")
+    kind: Literal["Configuration"] = "Configuration"
+    node_failure_grace_period_s: Duration = Field(60.0, alias="nodeFailureGracePeriod", ge=0)
+    heartbeat_stale_after_s: Duration = Field(120.0, alias="heartbeatStaleAfter", gt=0)
+    cycle_interval_s: Duration = Field(1.0, alias="cycleInterval", gt=0)
+    policy: str = "bestfit"
+    queueing: Literal["gputask", "kueue"] = "gputask"
+    namespace: str = ""
+
+    def public(self) -> dict[str, Any]:
+        """The configuration as printed in outputs (aliases, seconds)."""
+        return self.model_dump(by_alias=True)
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, unreadable or invalid; the message says where."""
+
+
+def load_config(path: Path | None) -> Config:
+    """Load and validate the configuration; None gives the defaults. Raises ConfigError."""
+    if path is None:
+        return Config()
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {type(raw).__name__}")
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"{path}: invalid configuration:\n  " + "\n  ".join(lines)) from exc
+    from gputask.core.placement import POLICIES
+
+    if config.policy not in POLICIES:
+        raise ConfigError(f"{path}: policy {config.policy!r} unknown; known: {', '.join(sorted(POLICIES))}")
+    return config
