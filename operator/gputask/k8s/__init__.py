@@ -1,0 +1,1 @@
+"""The Kubernetes adapter: kopf handlers, conversion, Job building, executor and loop."""

@@ -1,0 +1,279 @@
+"""Conversion between Kubernetes objects (plain dicts) and core values, with clear errors.
+
+Every function here is pure and raises :class:`gputask.core.InvalidTaskError` (with a
+CamelCase ``reason``) or :class:`gputask.core.InvalidQueueError` on bad input; callers turn
+those into a status condition and an Event, never a retry loop. Quantities go through
+``kubernetes.utils.parse_quantity``; MiB are integers, rounded up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from gputask.core import (
+    GPU,
+    GPU_MEMORY,
+    MILLI_PER_GPU,
+    Gpu,
+    GpuRequest,
+    InvalidQueueError,
+    InvalidTaskError,
+    LabelRequirement,
+    LabelSelector,
+    Node,
+    NodeName,
+    Preemption,
+    QueueSpec,
+    ResourceQuota,
+    Task,
+    task_key,
+)
+
+MIB = 1 << 20
+MAX_GPUS = 16
+MAX_GPU_MEMORY_MIB = 1 << 20  # 1 TiB per GPU: larger is certainly a unit mistake
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+INVALID_SPEC = "InvalidSpec"
+
+
+def quantity(value: Any, *, field: str) -> Decimal:
+    """Parse a Kubernetes quantity (``"16Gi"``, ``"1500m"``, ``4``); raises ValueError naming ``field``."""
+    if isinstance(value, bool) or value is None or isinstance(value, list | dict):
+        raise ValueError(f"{field}: {value!r} is not a quantity")
+    try:
+        return Decimal(parse_quantity(value))
+    except (ValueError, TypeError, InvalidOperation) as exc:
+        raise ValueError(f"{field}: {value!r} is not a quantity ({exc})") from None
+
+
+def to_mib(value: Any, *, field: str) -> int:
+    """Bytes quantity to whole MiB, rounding up; ValueError when not a positive quantity."""
+    amount = quantity(value, field=field)
+    if amount <= 0:
+        raise ValueError(f"{field}: {value!r} must be positive")
+    return math.ceil(amount / MIB)
+
+
+def timestamp(value: Any) -> float:
+    """RFC 3339 time (``2026-01-02T03:04:05Z``) to epoch seconds; 0.0 when absent or malformed."""
+    if not isinstance(value, str):
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _bad(message: str) -> InvalidTaskError:
+    return InvalidTaskError(INVALID_SPEC, message)
+
+
+def _int_field(spec: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = spec.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"spec.{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise _bad(f"spec.{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def gpu_request(spec: Mapping[str, Any]) -> GpuRequest:
+    """The core GpuRequest of a GPUTask spec; raises InvalidTaskError(InvalidSpec)."""
+    count = _int_field(spec, "gpus", 1, 1, MAX_GPUS)
+    memory, fraction = spec.get("gpuMemory"), spec.get("gpuFraction")
+    if memory is not None and fraction is not None:
+        raise _bad("set at most one of spec.gpuMemory and spec.gpuFraction")
+    products = spec.get("gpuProducts") or []
+    if not isinstance(products, list) or not all(isinstance(p, str) and p for p in products):
+        raise _bad(f"spec.gpuProducts must be a list of product names, got {products!r}")
+    request = GpuRequest(count, products=frozenset(products))
+    if memory is not None:
+        try:
+            mib = to_mib(memory, field="spec.gpuMemory")
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
+        if mib > MAX_GPU_MEMORY_MIB:
+            raise _bad(f"spec.gpuMemory: {memory!r} is more than any GPU has (limit 1Ti)")
+        return GpuRequest(count, memory_mib=mib, products=request.products)
+    if fraction is not None:
+        return GpuRequest(count, fraction_milli=_fraction_milli(fraction), products=request.products)
+    return request
+
+
+def _fraction_milli(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _bad(f"spec.gpuFraction must be a decimal string in (0, 1], got {value!r}")
+    try:
+        share = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise _bad(f"spec.gpuFraction must be a decimal string in (0, 1], got {value!r}") from None
+    if not share.is_finite() or not 0 < share <= 1:
+        raise _bad(f"spec.gpuFraction must be in (0, 1], got {value!r}")
+    return max(1, math.ceil(share * MILLI_PER_GPU))
+
+
+def task_from_manifest(
+    obj: Mapping[str, Any],
+    *,
+    priority_of: Callable[[str], int | None] = lambda _name: None,
+    namespace_labels: Mapping[str, str] | None = None,
+) -> Task:
+    """Core Task of a GPUTask object (dict with metadata and spec).
+
+    ``priority_of`` resolves a PriorityClass (or WorkloadPriorityClass) name to its value,
+    None when it does not exist. Raises InvalidTaskError with reason InvalidSpec,
+    MissingQueueName or PriorityClassNotFound.
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        raise _bad("metadata.name is missing")
+    if not isinstance(spec, Mapping):
+        raise _bad("spec is missing or not an object")
+    labels = meta.get("labels") or {}
+    queue = spec.get("queueName") or labels.get(QUEUE_LABEL)
+    if not isinstance(queue, str) or not queue:
+        raise InvalidTaskError("MissingQueueName", f"set spec.queueName or the label {QUEUE_LABEL}")
+    class_name = spec.get("priorityClassName") or labels.get(PRIORITY_LABEL)
+    priority = 0
+    if class_name:
+        found = priority_of(str(class_name))
+        if found is None:
+            raise InvalidTaskError("PriorityClassNotFound", f"priority class {class_name!r} does not exist")
+        priority = found
+    template = spec.get("template")
+    if template is not None and not isinstance(template, Mapping):
+        raise _bad("spec.template must be a pod template object")
+    return Task(
+        key=task_key(str(meta.get("namespace") or "default"), meta["name"]),
+        queue=queue,
+        request=gpu_request(spec),
+        priority=priority,
+        created=timestamp(meta.get("creationTimestamp")),
+        namespace_labels=tuple(sorted((namespace_labels or {}).items())),
+        max_reschedules=_int_field(spec, "maxReschedules", 3, 0, 1000),
+    )
+
+
+def _selector(raw: Any) -> LabelSelector:
+    if raw is None:
+        return LabelSelector()
+    if not isinstance(raw, Mapping):
+        raise InvalidQueueError(f"namespaceSelector must be a LabelSelector, got {raw!r}")
+    labels = raw.get("matchLabels") or {}
+    exprs = []
+    for e in raw.get("matchExpressions") or []:
+        op = e.get("operator") if isinstance(e, Mapping) else None
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist") or not isinstance(e.get("key"), str):
+            raise InvalidQueueError(f"namespaceSelector.matchExpressions: invalid entry {e!r}")
+        exprs.append(LabelRequirement(e["key"], op, tuple(str(v) for v in e.get("values") or ())))
+    return LabelSelector(tuple(sorted((str(k), str(v)) for k, v in labels.items())), tuple(exprs))
+
+
+def _resource_amount(name: str, value: Any, field: str) -> int:
+    try:
+        amount = quantity(value, field=field)
+    except ValueError as exc:
+        raise InvalidQueueError(str(exc)) from None
+    if amount < 0:
+        raise InvalidQueueError(f"{field}: {value!r} must not be negative")
+    if name == GPU:
+        return math.ceil(amount * MILLI_PER_GPU)
+    return math.ceil(amount / MIB)
+
+
+def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
+    """Core QueueSpec of a GPUClusterQueue's name and spec; raises InvalidQueueError."""
+    spec = spec or {}
+    quotas: dict[str, ResourceQuota] = {}
+    for entry in spec.get("resources") or []:
+        rname = entry.get("name") if isinstance(entry, Mapping) else None
+        if rname not in (GPU, GPU_MEMORY):
+            raise InvalidQueueError(f"resources: unknown resource {rname!r}; use {GPU} or {GPU_MEMORY}")
+        limits = {
+            key: _resource_amount(rname, entry[key], f"resources[{rname}].{key}")
+            for key in ("nominalQuota", "borrowingLimit", "lendingLimit")
+            if entry.get(key) is not None
+        }
+        quotas[rname] = ResourceQuota(
+            limits.get("nominalQuota", 0), limits.get("borrowingLimit"), limits.get("lendingLimit")
+        )
+    pre = spec.get("preemption") or {}
+    borrow = pre.get("borrowWithinCohort") or {}
+    strategy = spec.get("queueingStrategy", "BestEffortFIFO")
+    if strategy not in ("BestEffortFIFO", "StrictFIFO"):
+        raise InvalidQueueError(f"queueingStrategy {strategy!r}: use BestEffortFIFO or StrictFIFO")
+    fair = spec.get("fairSharing")
+    weight = None
+    if isinstance(fair, Mapping):
+        weight = math.ceil(quantity(fair.get("weight", 1), field="fairSharing.weight") * 1000)
+    return QueueSpec(
+        name=name,
+        cohort=spec.get("cohort") or None,
+        namespace_selector=_selector(spec.get("namespaceSelector")),
+        strategy=strategy,
+        quotas=quotas,
+        preemption=Preemption(
+            pre.get("withinClusterQueue", "Never"),
+            pre.get("reclaimWithinCohort", "Never"),
+            borrow.get("policy", "Never"),
+            borrow.get("maxPriorityThreshold"),
+        ),
+        fair_sharing_weight_milli=weight,
+        stop_policy=spec.get("stopPolicy", "None"),
+    )
+
+
+def node_from_gpunode(
+    name: str, status: Mapping[str, Any] | None, *, schedulable: bool = True
+) -> tuple[Node, list[str]]:
+    """Core Node of a GPUNode's status, and one error line per rejected GPU entry.
+
+    Errors: none raised; bad entries are reported in the returned list.
+
+    A malformed entry is rejected alone (a broken agent field never hides the node's other
+    GPUs). ``memoryUsed`` is reported as foreign use; the adapter subtracts what gputask
+    reserved before passing it here if it wants a net figure.
+    """
+    gpus: list[Gpu] = []
+    errors: list[str] = []
+    seen: set[int] = set()
+    for i, raw in enumerate((status or {}).get("gpus") or []):
+        try:
+            gpu = _gpu(raw)
+        except (ValueError, TypeError, KeyError) as exc:
+            errors.append(f"status.gpus[{i}]: {exc}")
+            continue
+        if gpu.index in seen:
+            errors.append(f"status.gpus[{i}]: duplicate index {gpu.index}")
+            continue
+        seen.add(gpu.index)
+        gpus.append(gpu)
+    gpus.sort(key=lambda g: g.index)
+    return Node(NodeName(name), tuple(gpus), schedulable=schedulable), errors
+
+
+def _gpu(raw: Any) -> Gpu:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"expected an object, got {raw!r}")
+    index = raw["index"]
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index must be a non-negative integer, got {index!r}")
+    uuid, product = raw["uuid"], raw.get("product", "unknown")
+    if not isinstance(uuid, str) or not uuid:
+        raise ValueError(f"uuid must be a non-empty string, got {uuid!r}")
+    memory = to_mib(raw["memory"], field="memory")
+    used_raw = raw.get("memoryUsed")
+    if used_raw is not None and quantity(used_raw, field="memoryUsed") < 0:
+        raise ValueError(f"memoryUsed must not be negative, got {used_raw!r}")
+    healthy = raw.get("healthy", True)
+    if not isinstance(healthy, bool):
+        raise ValueError(f"healthy must be a boolean, got {healthy!r}")
+    return Gpu(index, uuid, str(product).replace(" ", "-"), memory, healthy)

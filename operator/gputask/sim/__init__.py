@@ -1,0 +1,1 @@
+"""Simulation on the pure core: the scenario runner and the Alibaba trace replay."""
