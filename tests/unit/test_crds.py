@@ -1,0 +1,247 @@
+"""The CRDs in crds/ are valid structural schemas and accept exactly the objects they should."""
+
+from __future__ import annotations
+
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from hypothesis import given
+from hypothesis import strategies as st
+
+# tests/ is not a package, so its shared helper is not importable from tests/unit by default.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import crdschema  # noqa: E402 (needs the sys.path entry above)
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = crdschema.load_crds(ROOT / "crds")
+VALIDATORS = {kind: crdschema.validator_for(crd) for kind, crd in CRDS.items()}
+TEMPLATE = {
+    "spec": {
+        "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "60"]}],
+    }
+}
+
+
+def task(**spec: Any) -> dict[str, Any]:
+    """A GPUTask manifest with the given spec fields and a valid template."""
+    return {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPUTask",
+        "metadata": {"name": "t", "namespace": "default"},
+        "spec": {"queueName": "default", "template": TEMPLATE, **spec},
+    }
+
+
+def queue(**spec: Any) -> dict[str, Any]:
+    """A GPUClusterQueue manifest with the given spec fields."""
+    return {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPUClusterQueue",
+        "metadata": {"name": "q"},
+        "spec": {"resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}], **spec},
+    }
+
+
+def is_valid(manifest: dict[str, Any]) -> bool:
+    """True when the manifest's CRD schema accepts it."""
+    return bool(VALIDATORS[manifest["kind"]].is_valid(manifest))
+
+
+def test_crd_files_define_the_three_kinds_as_v1alpha1_with_status_subresources() -> None:
+    """Each CRD is apiextensions v1, serves and stores v1alpha1, and has a status subresource."""
+    summary = {
+        kind: (
+            crd["apiVersion"],
+            crd["metadata"]["name"],
+            crd["spec"]["group"],
+            crd["spec"]["scope"],
+            crd["spec"]["names"].get("shortNames"),
+            crd["spec"]["names"].get("categories"),
+            [(v["name"], v["served"], v["storage"], v["subresources"]) for v in crd["spec"]["versions"]],
+        )
+        for kind, crd in CRDS.items()
+    }
+    version = [("v1alpha1", True, True, {"status": {}})]
+    assert summary == {
+        "GPUTask": ("apiextensions.k8s.io/v1", "gputasks.gputask.io", "gputask.io", "Namespaced",
+                    ["gt"], ["gputask"], version),
+        "GPUClusterQueue": ("apiextensions.k8s.io/v1", "gpuclusterqueues.gputask.io", "gputask.io",
+                            "Cluster", ["gcq"], None, version),
+        "GPUNode": ("apiextensions.k8s.io/v1", "gpunodes.gputask.io", "gputask.io", "Cluster",
+                    ["gn"], None, version),
+    }  # fmt: skip
+
+
+def test_crd_schemas_are_structural_and_fully_described() -> None:
+    """Every CRD schema passes the structural-schema walk and describes every field."""
+    problems = {
+        kind: crdschema.structural_problems(crdschema.openapi_schema(crd))
+        + [f"{path}: no description" for path in crdschema.undocumented_fields(crdschema.openapi_schema(crd))]
+        for kind, crd in CRDS.items()
+    }
+    assert problems == {"GPUTask": [], "GPUClusterQueue": [], "GPUNode": []}
+
+
+def test_structural_walk_reports_what_the_api_server_rejects() -> None:
+    """The structural walk flags missing types, junctor generics, unknown junctor fields and map keys."""
+    schema = {
+        "type": "object",
+        "description": "root",
+        "properties": {
+            "spec": {
+                "description": "spec",
+                "properties": {"a": {"description": "a", "type": "string"}},
+                "additionalProperties": {"type": "string", "description": "value"},
+                "not": {"type": "object", "description": "x", "properties": {"b": {}}},
+            },
+            "list": {
+                "type": "array",
+                "description": "list",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+                "items": {"type": "object", "properties": {"name": {"type": "string"}}},
+            },
+        },
+    }
+    assert crdschema.structural_problems(schema) + crdschema.undocumented_fields(schema) == [
+        ".spec: type must not be empty",
+        ".spec: properties and additionalProperties are mutually exclusive",
+        ".spec.not[0]: description is forbidden in a junctor",
+        ".spec.not[0]: type is forbidden in a junctor",
+        ".spec.not[0]: property b is not specified outside the junctor",
+        ".list: list-map key name must be a required or defaulted scalar field",
+        ".list[]",
+        ".list[].name",
+    ]
+
+
+def test_crd_defaults_validate_against_their_own_schema() -> None:
+    """Every default validates against the schema of the field it defaults, as the API server requires."""
+    invalid = [
+        f"{kind}{path}"
+        for kind, crd in CRDS.items()
+        for path, node in crdschema.defaults(crdschema.openapi_schema(crd))
+        if not jsonschema.Draft7Validator(crdschema.to_jsonschema(node)).is_valid(node["default"])
+    ]
+    assert invalid == []
+
+
+def test_gputask_spec_states_memory_and_fraction_exclusivity_in_cel_and_schema() -> None:
+    """The GPUTask spec forbids gpuMemory with gpuFraction both with a CEL rule and with `not`."""
+    schema = crdschema.openapi_schema(CRDS["GPUTask"])
+    spec = schema["properties"]["spec"]
+    assert (schema["required"], spec["not"], spec["x-kubernetes-validations"]) == (
+        ["spec"],
+        {"required": ["gpuMemory", "gpuFraction"]},
+        [
+            {
+                "rule": "!(has(self.gpuMemory) && has(self.gpuFraction))",
+                "message": "set at most one of gpuMemory and gpuFraction",
+            }
+        ],
+    )
+
+
+def test_examples_are_the_demo_objects_and_validate_against_their_crds() -> None:
+    """examples/ holds the demo's Nodes, GPUNodes, queue and tasks, and each custom resource validates."""
+    objects = crdschema.load_objects(ROOT / "examples")
+    errors = {
+        obj["metadata"]["name"]: [e.message for e in VALIDATORS[obj["kind"]].iter_errors(obj)]
+        for obj in objects
+        if obj["apiVersion"].startswith("gputask.io/")
+    }
+    assert ([(o["kind"], o["metadata"]["name"]) for o in objects], errors) == (
+        [("Node", "node-a"), ("Node", "node-b"), ("GPUNode", "node-a"), ("GPUNode", "node-b"),
+         ("GPUClusterQueue", "default"), ("GPUTask", "train-small"), ("GPUTask", "eval-fraction"),
+         ("GPUTask", "infer-whole")],
+        dict.fromkeys(["node-a", "node-b", "default", "train-small", "eval-fraction", "infer-whole"], []),
+    )  # fmt: skip
+
+
+def test_example_files_sort_in_apply_order() -> None:
+    """The demo applies examples/*.yaml in sorted order: Nodes, GPUNodes, the queue, then the tasks."""
+    assert sorted(p.name for p in (ROOT / "examples").glob("*.yaml")) == [
+        "00-nodes.yaml",
+        "01-gpunodes.yaml",
+        "10-queue.yaml",
+        "20-gputask.yaml",
+        "21-gputask-fraction.yaml",
+        "22-gputask-whole.yaml",
+    ]
+
+
+def test_schemas_reject_exactly_the_bad_manifests() -> None:
+    """Out-of-range, malformed and conflicting fields are rejected; their valid neighbours are not."""
+    unknown_field = task(gpus=1)
+    unknown_field["spec"]["gpuCount"] = 2
+    cases = {
+        "gpus 1": task(gpus=1),
+        "gpus 16": task(gpus=16),
+        "gpus 0": task(gpus=0),
+        "gpus 17": task(gpus=17),
+        "gpuFraction 0.25": task(gpuFraction="0.25"),
+        "gpuFraction 1": task(gpuFraction="1"),
+        "gpuFraction 1.5": task(gpuFraction="1.5"),
+        "gpuFraction 0": task(gpuFraction="0"),
+        "gpuFraction 0.0001": task(gpuFraction="0.0001"),
+        "gpuFraction as a number": task(gpuFraction=0.5),
+        "gpuMemory 12Gi": task(gpuMemory="12Gi"),
+        "gpuMemory 12GB": task(gpuMemory="12GB"),
+        "gpuMemory -1Gi": task(gpuMemory="-1Gi"),
+        "gpuMemory as an object": task(gpuMemory={"value": "12Gi"}),
+        "gpuMemory and gpuFraction": task(gpuMemory="12Gi", gpuFraction="0.5"),
+        "maxReschedules -1": task(maxReschedules=-1),
+        "unknown spec field": unknown_field,
+        "no spec": {k: v for k, v in task().items() if k != "spec"},
+        "queue StrictFIFO": queue(queueingStrategy="StrictFIFO"),
+        "queueingStrategy Fifo": queue(queueingStrategy="Fifo"),
+        "unknown preemption policy": queue(preemption={"withinClusterQueue": "Always"}),
+        "unknown resource": queue(resources=[{"name": "cpu", "nominalQuota": 4}]),
+        "milli-GPU quota": queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": "1500m"}]),
+    }
+    rejected = [name for name, manifest in cases.items() if not is_valid(manifest)]
+    assert rejected == [
+        "gpus 0",
+        "gpus 17",
+        "gpuFraction 1.5",
+        "gpuFraction 0",
+        "gpuFraction 0.0001",
+        "gpuFraction as a number",
+        "gpuMemory 12GB",
+        "gpuMemory -1Gi",
+        "gpuMemory as an object",
+        "gpuMemory and gpuFraction",
+        "maxReschedules -1",
+        "unknown spec field",
+        "no spec",
+        "queueingStrategy Fifo",
+        "unknown preemption policy",
+        "unknown resource",
+    ]
+
+
+def test_gputask_printer_columns() -> None:
+    """`kubectl get gt` shows Queue, Priority, Phase, Node, GPUs, Memory, Reason and Age in that order."""
+    (version,) = CRDS["GPUTask"]["spec"]["versions"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Queue", "Priority", "Phase", "Node", "GPUs", "Memory", "Reason", "Age",
+    ]  # fmt: skip
+
+
+QUANTITIES = ["1", "512Mi", "12Gi", "1.5Gi", "16G", "100M", "1e9", "24Gi", ".5Gi", "8000Mi"]
+
+
+@given(gpus=st.integers(1, 16), memory=st.sampled_from(QUANTITIES) | st.integers(1, 2**40))
+def test_any_gpu_count_and_memory_quantity_validates(gpus: int, memory: str | int) -> None:
+    """Any gpus in 1..16 with any well-formed gpuMemory quantity is accepted."""
+    assert is_valid(task(gpus=gpus, gpuMemory=memory))
+
+
+@given(fraction=st.decimals(min_value=Decimal("0.001"), max_value=Decimal(1), places=3), trim=st.booleans())
+def test_any_fraction_with_at_most_three_decimals_validates(fraction: Decimal, trim: bool) -> None:
+    """Any gpuFraction in (0,1] written with at most three decimals, trailing zeros or not, is accepted."""
+    assert is_valid(task(gpuFraction=format(fraction.normalize() if trim else fraction, "f")))
