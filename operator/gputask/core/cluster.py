@@ -195,7 +195,8 @@ class ClusterState:
         exclusive = task.request.exclusive
         for slot in placement.gpus:
             pos = state.position.get(slot.index)
-            if pos is not None:
+            # Same rule as set_node: a slot counts only on the very GPU (index and uuid) it names.
+            if pos is not None and state.node.gpus[pos].uuid == slot.uuid:
                 state.reserved_mib[pos] += slot.memory_mib
                 state.exclusive[pos] = state.exclusive[pos] or exclusive
         state.cpu_used += task.cpu_milli
@@ -233,7 +234,8 @@ class ClusterState:
         if state is not None and state.tasks.pop(key, None) is not None:
             for slot in res.placement.gpus:
                 pos = state.position.get(slot.index)
-                if pos is not None:
+                # A GPU replaced under the same index (set_node) never held this slot's MiB.
+                if pos is not None and state.node.gpus[pos].uuid == slot.uuid:
                     state.reserved_mib[pos] -= slot.memory_mib
                     if res.exclusive:
                         state.exclusive[pos] = False
