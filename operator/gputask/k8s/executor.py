@@ -1,0 +1,199 @@
+"""Carry out the core's decisions through the API: Jobs, GPUTask status, Events.
+
+Admit: create the pinned Job (409 = already done), then patch the GPUTask's status and post an
+``Admitted`` Event; if the Job cannot be created, undo the assumption in the core so the task
+is tried again. Pending: patch the condition and post an Event when the reason changes.
+API failures are logged and counted, never raised into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gputask.core import Admit, Decision, Pending, Placement
+from gputask.k8s.client import EVENTS, GPUTASKS, JOBS, AlreadyExists, ApiError, KubeClient
+from gputask.k8s.controller import ADMITTED, FAILED, PENDING, Controller, TaskRecord
+from gputask.k8s.jobs import build_job, job_name
+
+log = logging.getLogger("gputask.executor")
+
+COMPONENT = "gputask-operator"
+CONCURRENCY = 16
+
+
+def now_rfc3339() -> str:
+    """Current UTC time as RFC 3339 with a Z suffix."""
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def set_condition(record: TaskRecord, ctype: str, status: bool, reason: str, message: str) -> None:
+    """Set a metav1.Condition on the record, moving lastTransitionTime only when status flips."""
+    value = "True" if status else "False"
+    old = record.conditions.get(ctype)
+    changed = old is None or old.get("status") != value
+    record.conditions[ctype] = {
+        "type": ctype,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_rfc3339() if changed else old["lastTransitionTime"],
+        "observedGeneration": record.obj["metadata"].get("generation", 1),
+    }
+
+
+def placement_status(placement: Placement | None) -> dict[str, Any] | None:
+    """The ``status.placement`` object of a placement."""
+    if placement is None:
+        return None
+    return {
+        "node": placement.node,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in placement.gpus],
+    }
+
+
+def describe(placement: Placement) -> str:
+    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary."""
+    mib = sorted({g.memory_mib for g in placement.gpus})
+    each = f"{mib[0]} MiB each" if len(mib) == 1 else f"{mib} MiB"
+    return f"{placement.node} GPUs {list(placement.indices)} ({each})"
+
+
+class Executor:
+    """Applies decisions and reports task state; owns no scheduling state of its own."""
+
+    def __init__(self, client: KubeClient, controller: Controller) -> None:
+        self.client = client
+        self.controller = controller
+        self.api_errors = 0
+        self._limit = asyncio.Semaphore(CONCURRENCY)
+
+    async def apply(self, decisions: Iterable[Decision]) -> None:
+        """Apply decisions, up to CONCURRENCY API calls at a time."""
+        await asyncio.gather(*(self._guarded(d) for d in decisions))
+
+    async def _guarded(self, decision: Decision) -> None:
+        async with self._limit:
+            if isinstance(decision, Admit):
+                await self.admit(decision)
+            elif isinstance(decision, Pending):
+                await self.pending(decision)
+
+    async def admit(self, decision: Admit) -> None:
+        """Create the Job of an admission, then record it in the task's status."""
+        key = decision.task.key
+        record = self.controller.tasks.get(key)
+        if record is None or record.deleting or record.uid is None:
+            self.controller.scheduler.finish(key)
+            return
+        attempt = record.attempt + 1
+        job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue)
+        namespace = job["metadata"]["namespace"]
+        try:
+            await self.client.create(JOBS, job, namespace)
+        except AlreadyExists:
+            log.info("Job %s/%s exists already: taking it as created", namespace, job["metadata"]["name"])
+        except ApiError as exc:
+            self.api_errors += 1
+            log.warning("creating Job for %s failed (%s); requeued", key, exc)
+            self.controller.scheduler.unadmit(key)
+            return
+        record.attempt, record.job_name = attempt, job_name(record.obj["metadata"]["name"], attempt)
+        record.placement, record.phase = decision.placement, ADMITTED
+        where = describe(decision.placement)
+        message = f"Admitted by GPUClusterQueue {decision.task.queue!r} on {where}"
+        set_condition(record, "QuotaReserved", True, "QuotaReserved", f"quota reserved in {decision.task.queue!r}")
+        set_condition(record, "Admitted", True, "Admitted", message)
+        await self.patch_status(record, message=message)
+        await self.event(record, "Normal", "Admitted", message)
+
+    async def pending(self, decision: Pending) -> None:
+        """Record why a task waits and post an Event for the new reason."""
+        record = self.controller.tasks.get(decision.task.key)
+        if record is None or record.phase != PENDING:
+            return
+        set_condition(record, "QuotaReserved", False, decision.reason, decision.message)
+        set_condition(record, "Admitted", False, decision.reason, decision.message)
+        await self.patch_status(record, message=decision.message)
+        await self.event(record, "Normal", decision.reason, decision.message)
+
+    async def invalid(self, record: TaskRecord) -> None:
+        """Report an invalid spec: phase Failed, condition Admitted=False with the reason, a Warning Event."""
+        assert record.invalid is not None
+        reason, message = record.invalid
+        set_condition(record, "Admitted", False, reason, message)
+        record.phase = FAILED  # the controller re-checks it when the spec changes
+        await self.patch_status(record, message=message)
+        await self.event(record, "Warning", reason, message)
+
+    async def finished(self, record: TaskRecord, outcome: str) -> None:
+        """Report a finished task (its Job completed or failed)."""
+        message = f"Job {record.job_name} {'completed' if outcome == 'Succeeded' else 'failed'}"
+        set_condition(record, "Finished", True, outcome, message)
+        await self.patch_status(record, message=message)
+        await self.event(record, "Normal" if outcome == "Succeeded" else "Warning", outcome, message)
+
+    async def delete_job(self, record: TaskRecord) -> None:
+        """Delete a task's Job; Foreground so the Job (and our hold on the GPUs) outlives its pods."""
+        if record.job_name is None:
+            return
+        namespace = record.obj["metadata"].get("namespace") or "default"
+        try:
+            await self.client.delete(JOBS, record.job_name, namespace, propagation="Foreground")
+        except ApiError as exc:
+            self.api_errors += 1
+            log.warning("deleting Job %s/%s failed: %s", namespace, record.job_name, exc)
+
+    async def patch_status(self, record: TaskRecord, *, message: str) -> None:
+        """Merge-patch the GPUTask status from the record."""
+        meta = record.obj["metadata"]
+        body = {
+            "status": {
+                "phase": record.phase,
+                "conditions": list(record.conditions.values()),
+                "placement": placement_status(record.placement),
+                "attempt": record.attempt,
+                "jobName": record.job_name,
+                "priority": record.task.priority if record.task is not None else 0,
+                "message": message,
+            }
+        }
+        try:
+            await self.client.patch(GPUTASKS, meta["name"], body, meta.get("namespace"), status=True)
+        except ApiError as exc:
+            self.api_errors += 1
+            log.warning("status patch of %s failed: %s", record.key, exc)
+
+    async def event(self, record: TaskRecord, etype: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about the task."""
+        meta = record.obj["metadata"]
+        namespace = meta.get("namespace") or "default"
+        stamp = now_rfc3339()
+        body: Mapping[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "gputask.io/v1alpha1",
+                "kind": "GPUTask",
+                "name": meta["name"],
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "type": etype,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.client.create(EVENTS, body, namespace)
+        except ApiError as exc:
+            self.api_errors += 1
+            log.warning("event for %s failed: %s", record.key, exc)

@@ -1,0 +1,137 @@
+"""The ``batch/v1`` Job emitted per admission (DESIGN.md section 2), and its placement annotation.
+
+Pure functions: the executor sends what :func:`build_job` returns. The Job is pinned with a
+required ``kubernetes.io/hostname`` node affinity (not ``nodeName``, so kube-scheduler still
+checks CPU and memory), gets ``NVIDIA_VISIBLE_DEVICES`` with the GPU UUIDs in every container
+(and no ``nvidia.com/gpu`` request, which would let the device plugin pick other GPUs), and
+carries its placement as JSON so a restarted operator can rebuild its state from Jobs alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gputask.core import GpuSlot, NodeName, Placement
+
+API_VERSION = "gputask.io/v1alpha1"
+TASK_LABEL = "gputask.io/task"
+QUEUE_LABEL = "gputask.io/queue"
+PLACEMENT_ANNOTATION = "gputask.io/placement"
+ATTEMPT_ANNOTATION = "gputask.io/attempt"
+TASK_UID_ANNOTATION = "gputask.io/task-uid"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+MAX_NAME = 63
+
+
+def fit_name(base: str, limit: int = MAX_NAME) -> str:
+    """``base`` if it fits ``limit`` chars, else a prefix plus a 10-hex hash of the whole."""
+    if len(base) <= limit:
+        return base
+    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+    return f"{base[: limit - 11].rstrip('-.')}-{digest}"
+
+
+def job_name(task_name: str, attempt: int) -> str:
+    """Deterministic Job name of a task's attempt: ``<task>-<attempt>``, hashed to fit 63 chars."""
+    return fit_name(f"{task_name}-{attempt}")
+
+
+def placement_annotation(placement: Placement) -> str:
+    """JSON of a placement: node, GPU UUIDs, indices and MiB per GPU."""
+    return json.dumps(
+        {
+            "node": placement.node,
+            "uuids": [g.uuid for g in placement.gpus],
+            "indices": [g.index for g in placement.gpus],
+            "memoryMiB": [g.memory_mib for g in placement.gpus],
+        },
+        separators=(",", ":"),
+    )
+
+
+def parse_placement(text: str | None) -> Placement | None:
+    """The Placement in a ``gputask.io/placement`` annotation; None when absent or malformed."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        slots = tuple(
+            GpuSlot(int(i), str(u), int(m))
+            for i, u, m in zip(raw["indices"], raw["uuids"], raw["memoryMiB"], strict=True)
+        )
+        return Placement(NodeName(str(raw["node"])), slots)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _pin_pod_spec(pod_spec: dict[str, Any], node: str, uuids: str) -> None:
+    affinity = pod_spec.setdefault("affinity", {})
+    affinity["nodeAffinity"] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+            ]
+        }
+    }
+    pod_spec.setdefault("restartPolicy", "Never")
+    for kind in ("initContainers", "containers"):
+        for container in pod_spec.get(kind) or []:
+            env = [e for e in container.get("env") or [] if e.get("name") != VISIBLE_DEVICES]
+            env.append({"name": VISIBLE_DEVICES, "value": uuids})
+            container["env"] = env
+            for section in ("limits", "requests"):
+                resources = (container.get("resources") or {}).get(section)
+                if isinstance(resources, dict):
+                    resources.pop("nvidia.com/gpu", None)
+
+
+def build_job(
+    task_obj: Mapping[str, Any],
+    placement: Placement,
+    *,
+    attempt: int,
+    queue: str,
+) -> dict[str, Any]:
+    """The Job for ``task_obj`` (a GPUTask dict with metadata.uid) admitted with ``placement``.
+
+    Raises KeyError when the task has no name, namespace or uid (the caller converts first).
+    """
+    meta = task_obj["metadata"]
+    name, namespace, uid = meta["name"], meta.get("namespace") or "default", meta["uid"]
+    template = copy.deepcopy(dict((task_obj.get("spec") or {}).get("template") or {}))
+    pod_meta = template.setdefault("metadata", {})
+    pod_spec = template.setdefault("spec", {})
+    annotation = placement_annotation(placement)
+    labels = {TASK_LABEL: fit_name(name), QUEUE_LABEL: fit_name(queue)}
+    pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
+    pod_meta["annotations"] = {**(pod_meta.get("annotations") or {}), PLACEMENT_ANNOTATION: annotation}
+    _pin_pod_spec(pod_spec, placement.node, ",".join(g.uuid for g in placement.gpus))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(name, attempt),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                PLACEMENT_ANNOTATION: annotation,
+                ATTEMPT_ANNOTATION: str(attempt),
+                TASK_UID_ANNOTATION: uid,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "GPUTask",
+                    "name": name,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"backoffLimit": 0, "template": template},
+    }

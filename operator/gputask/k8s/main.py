@@ -1,0 +1,72 @@
+"""Run the operator: log in, build one :class:`~gputask.k8s.handlers.Operator`, run kopf."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from gputask.config import Config
+from gputask.k8s.client import KubeClient, load_api_client
+from gputask.k8s.controller import Controller
+from gputask.k8s.handlers import Operator
+
+log = logging.getLogger("gputask")
+
+
+def build_operator(config: Config, *, kubeconfig: str | None = None) -> Operator:
+    """An Operator whose kopf registry logs in with the same credentials as its API client."""
+    api = load_api_client(kubeconfig)
+    operator = Operator(Controller(config), KubeClient(api))
+    conf = api.configuration
+
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        token = (conf.api_key or {}).get("authorization") or (conf.api_key or {}).get("BearerToken")
+        scheme, _, value = (token or "").partition(" ")
+        return kopf.ConnectionInfo(
+            server=conf.host,
+            ca_path=conf.ssl_ca_cert,
+            insecure=not conf.verify_ssl,
+            scheme=scheme or None,
+            token=value or None,
+            certificate_path=conf.cert_file,
+            private_key_path=conf.key_file,
+        )
+
+    kopf.on.login(registry=operator.registry)(login)
+    return operator
+
+
+def operator_settings(*, peering: str | None = None) -> kopf.OperatorSettings:
+    """kopf settings: quiet handler Events, bounded watch timeouts, optional peering."""
+    settings = kopf.OperatorSettings()
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    if peering:
+        settings.peering.name, settings.peering.mandatory, settings.peering.clusterwide = peering, True, True
+    else:
+        settings.peering.standalone = True
+    return settings
+
+
+async def run_operator(
+    operator: Operator,
+    *,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+    peering: str | None = None,
+) -> None:
+    """Run kopf with the operator's registry until ``stop_flag`` is set (or forever)."""
+    namespace = operator.controller.config.namespace
+    await kopf.operator(
+        registry=operator.registry,
+        settings=operator_settings(peering=peering),
+        clusterwide=not namespace,
+        namespaces=[namespace] if namespace else (),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
