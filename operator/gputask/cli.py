@@ -48,6 +48,47 @@ def simulate(
     )
 
 
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="Keep the emulator and operator running for kubectl.")] = False,
+    port: Annotated[int, typer.Option(help="Emulator port on 127.0.0.1 (0 = any free port).")] = 0,
+    workdir: Annotated[Path, typer.Option(help="Where to write the kubeconfig.")] = Path(".demo"),
+) -> None:
+    """Run the real operator against the embedded API emulator and print the pinned Jobs."""
+    import asyncio
+
+    from gputask.demo import run_demo
+
+    try:
+        code = asyncio.run(run_demo(keep=keep, port=port, workdir=workdir))
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    config: Annotated[Path | None, typer.Option(help="Configuration file (YAML).")] = None,
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig; default in-cluster, then ~/.kube/config.")] = None,
+    peering: Annotated[str | None, typer.Option(help="kopf peering name for several replicas.")] = None,
+) -> None:
+    """Run the operator against a cluster."""
+    import asyncio
+    import logging
+
+    from gputask.config import ConfigError, load_config
+    from gputask.k8s.main import build_operator, run_operator
+
+    try:
+        settings = load_config(config)
+    except ConfigError as exc:
+        typer.echo(f"gputask: {exc}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    operator = build_operator(settings, kubeconfig=kubeconfig)
+    asyncio.run(run_operator(operator, peering=peering))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -1,0 +1,44 @@
+# gputask developer commands. `make help` lists them. Everything sets itself up in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TRACE_DIR ?= ../shared/data/alibaba-gpu-v2023/csv
+SEEDS ?= 42-51
+JOBS ?= 2
+
+.DEFAULT_GOAL := help
+.PHONY: help install test demo demo-keep bench lint typecheck e2e clean
+
+help: ## List the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,sim,agent]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install gputask with test, sim and agent extras
+
+test: $(STAMP) ## Run the unit, property and integration tests
+	$(PY) -m pytest -q
+
+demo: $(STAMP) ## Run the real operator against the embedded API emulator and print the pinned Jobs
+	$(VENV)/bin/gputask demo
+
+demo-keep: $(STAMP) ## Like demo, but keep it running and print a kubeconfig for kubectl
+	$(VENV)/bin/gputask demo --keep --port 8555
+
+bench: $(STAMP) ## Replay the Alibaba GPU trace (TRACE_DIR) for every policy, seeds SEEDS
+	$(VENV)/bin/gputask simulate --trace-dir $(TRACE_DIR) --seeds $(SEEDS) --jobs $(JOBS)
+
+lint: $(STAMP) ## ruff and mypy (strict on the core)
+	$(VENV)/bin/ruff check operator tests
+	$(VENV)/bin/mypy
+
+e2e: $(STAMP) ## The kind suite (needs Docker that can run kind)
+	$(PY) -m pytest -q e2e
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo

@@ -1,0 +1,160 @@
+"""``gputask demo``: the real operator against the embedded API emulator, end to end.
+
+Starts the emulator on 127.0.0.1, installs the CRDs, applies ``examples/*.yaml`` (Nodes,
+simulated GPUNodes, a queue, GPUTasks) in name order, runs the real kopf operator, waits for
+the pinned Jobs and prints them. ``--keep`` leaves everything running and prints a kubeconfig
+so ``kubectl apply -f examples/20-gputask.yaml`` works against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from gputask.config import Config
+from gputask.k8s.client import (
+    GPUCLUSTERQUEUES,
+    GPUNODES,
+    GPUTASKS,
+    JOBS,
+    NAMESPACES,
+    NODES,
+    PRIORITYCLASSES,
+    AlreadyExists,
+    KubeClient,
+    Resource,
+    load_api_client,
+)
+from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, parse_placement
+from gputask.k8s.main import build_operator, run_operator
+
+KINDS: dict[str, Resource] = {
+    "GPUTask": GPUTASKS,
+    "GPUClusterQueue": GPUCLUSTERQUEUES,
+    "GPUNode": GPUNODES,
+    "Node": NODES,
+    "Namespace": NAMESPACES,
+    "PriorityClass": PRIORITYCLASSES,
+}
+
+
+def project_dir(name: str) -> Path:
+    """A folder shipped beside the package (``crds``, ``examples``): package data or the repo's."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_data" / name, here.parents[1] / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"cannot find the {name}/ folder next to {here}")
+
+
+def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every YAML document of ``paths`` (in the order given), skipping empty ones."""
+    docs: list[dict[str, Any]] = []
+    for path in paths:
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
+    return docs
+
+
+async def apply(client: KubeClient, obj: Mapping[str, Any]) -> None:
+    """Create or merge-patch one object; its ``status`` (if any) goes through /status."""
+    res = KINDS.get(str(obj.get("kind")))
+    if res is None:
+        raise ValueError(f"demo cannot apply kind {obj.get('kind')!r}")
+    meta = obj["metadata"]
+    namespace = meta.get("namespace", "default") if res.namespaced else None
+    body = {k: v for k, v in obj.items() if k != "status"}
+    try:
+        await client.create(res, body, namespace)
+    except AlreadyExists:
+        await client.patch(res, meta["name"], body, namespace)
+    if "status" in obj:
+        await client.patch(res, meta["name"], {"status": obj["status"]}, namespace, status=True)
+
+
+async def wait_for_jobs(client: KubeClient, timeout_s: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Poll until every GPUTask has a Job or is Failed, or ``timeout_s`` passes; returns (tasks, jobs)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tasks = await client.list(GPUTASKS)
+        jobs = await client.list(JOBS, labels="gputask.io/task")
+        owners = {(j["metadata"].get("annotations") or {}).get(TASK_UID_ANNOTATION) for j in jobs}
+        settled = all(
+            t["metadata"].get("uid") in owners or (t.get("status") or {}).get("phase") == "Failed" for t in tasks
+        )
+        if (tasks and settled) or time.monotonic() > deadline:
+            return tasks, jobs
+        await asyncio.sleep(0.2)
+
+
+def jobs_table(tasks: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Table:
+    """Task, node, GPU UUIDs, MiB per GPU and Job name; pending tasks show their reason."""
+    table = Table(title="GPUTasks and their pinned Jobs")
+    for column in ("task", "node", "GPU UUIDs", "MiB per GPU", "Job"):
+        table.add_column(column)
+    by_uid = {(j["metadata"].get("annotations") or {}).get(TASK_UID_ANNOTATION): j for j in jobs}
+    for task in sorted(tasks, key=lambda t: (t["metadata"].get("namespace", ""), t["metadata"]["name"])):
+        name = f"{task['metadata'].get('namespace', 'default')}/{task['metadata']['name']}"
+        job = by_uid.get(task["metadata"].get("uid"))
+        placement = parse_placement(((job or {}).get("metadata", {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION))
+        if job is None or placement is None:
+            status = task.get("status") or {}
+            table.add_row(name, "-", "-", "-", f"({status.get('phase', 'Pending')}: {status.get('message', '')})")
+            continue
+        table.add_row(
+            name,
+            placement.node,
+            ", ".join(g.uuid for g in placement.gpus),
+            ", ".join(str(g.memory_mib) for g in placement.gpus),
+            job["metadata"]["name"],
+        )
+    return table
+
+
+async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 60.0) -> int:
+    """The whole demo; returns the exit code (0 when every example task got its Job)."""
+    from gputask.testing import EmulatorServer
+
+    console = Console()
+    workdir.mkdir(parents=True, exist_ok=True)
+    kubeconfig = workdir / "kubeconfig"
+    async with EmulatorServer(port=port) as server:
+        server.install_crds_from(project_dir("crds"))
+        server.write_kubeconfig(kubeconfig)
+        console.print(f"[bold]emulated API server[/] {server.url}  (kubeconfig: {kubeconfig})")
+        client = KubeClient(load_api_client(str(kubeconfig)))
+        operator = build_operator(Config(cycleInterval=0.5), kubeconfig=str(kubeconfig))
+        stop = asyncio.Event()
+        runner = asyncio.create_task(run_operator(operator, stop_flag=stop))
+        examples = sorted(project_dir("examples").glob("*.yaml"))
+        for obj in load_manifests(examples):
+            await apply(client, obj)
+        console.print(f"applied {', '.join(p.name for p in examples)}")
+        tasks, jobs = await wait_for_jobs(client, timeout_s)
+        console.print(jobs_table(tasks, jobs))
+        ok = bool(tasks) and len(jobs) >= len(tasks)
+        if keep:
+            console.print(
+                f"\nThe operator keeps running. In another shell:\n"
+                f"  export KUBECONFIG={kubeconfig.resolve()}\n"
+                f"  kubectl apply -f examples/20-gputask.yaml   # or your own GPUTask\n"
+                f"  kubectl get gt,jobs\nPress Ctrl-C to stop."
+            )
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+            await asyncio.wait_for(runner, timeout=10)
+        await client.close()
+    if not ok:
+        console.print("[red]not every task got a Job[/]")
+        console.print(json.dumps([t.get("status") for t in tasks], indent=1))
+    return 0 if ok else 1
