@@ -9,6 +9,11 @@ A resource a queue does not list is not limited. Borrowing follows Kueue's Clust
 rules: a queue may use, beyond its nominalQuota, what the other queues of its cohort leave
 unused and may lend (``lendingLimit``), up to its own ``borrowingLimit``.
 Source: Kueue documentation, "Cluster Queue" (concepts), resource groups and cohorts.
+
+The arithmetic is Kueue's (pkg/cache resource_node.go, ``available``): each member puts its
+lendable quota (nominal, or lendingLimit when set) into one cohort pool and keeps the rest
+(its guaranteed quota) to itself; usage beyond a member's guaranteed quota draws on the pool.
+So unused quota is lent once, however many queues borrow it.
 """
 
 from __future__ import annotations
@@ -94,8 +99,15 @@ class QueueSpec:
 
 
 def usage_of(placement: Placement, memory_of: Mapping[int, int]) -> Usage:
-    """Quota usage of a placement; ``memory_of`` maps GPU index to the device's MiB."""
-    milli = sum(-(-s.memory_mib * MILLI_PER_GPU // memory_of[s.index]) for s in placement.gpus)
+    """Quota usage of a placement; ``memory_of`` maps GPU index to the device's MiB.
+
+    A GPU the node no longer reports (a restored placement on a vanished device) counts as a
+    whole GPU: restoring running work must never fail.
+    """
+    milli = sum(
+        -(-s.memory_mib * MILLI_PER_GPU // memory_of[s.index]) if memory_of.get(s.index) else MILLI_PER_GPU
+        for s in placement.gpus
+    )
     return {GPU: milli, GPU_MEMORY: sum(s.memory_mib for s in placement.gpus)}
 
 
@@ -127,15 +139,24 @@ class QuotaBook:
             return ()
         return [s for s in self.specs.values() if s.cohort == cohort]
 
-    def lendable(self, spec: QueueSpec, resource: str) -> int:
-        """What ``spec`` leaves unused of ``resource`` and may lend to its cohort."""
+    def guaranteed(self, spec: QueueSpec, resource: str) -> int:
+        """Quota of ``resource`` that ``spec`` keeps to itself: nominal minus lendingLimit (0 if unset)."""
         quota = spec.quotas.get(resource)
-        if quota is None:
+        if quota is None or quota.lending_limit is None:
             return 0
-        unused = max(0, quota.nominal - self.usage.get(spec.name, {}).get(resource, 0))
-        if quota.lending_limit is not None:
-            unused = min(unused, quota.lending_limit)
-        return unused
+        return max(0, quota.nominal - quota.lending_limit)
+
+    def cohort_free(self, cohort: str, resource: str) -> int:
+        """What the cohort pool of ``resource`` still holds: lent quota minus usage drawn on it."""
+        pool = 0
+        for member in self.cohort_members(cohort):
+            quota = member.quotas.get(resource)
+            if quota is None:  # not limited in that queue: it neither lends nor draws
+                continue
+            guaranteed = self.guaranteed(member, resource)
+            used = self.usage.get(member.name, {}).get(resource, 0)
+            pool += quota.nominal - guaranteed - max(0, used - guaranteed)
+        return max(0, pool)
 
     def available(self, name: str, resource: str) -> int | None:
         """How much more of ``resource`` queue ``name`` may use now; None = unlimited."""
@@ -144,16 +165,15 @@ class QuotaBook:
         if quota is None:
             return None
         used = self.usage.get(name, {}).get(resource, 0)
-        own = max(0, quota.nominal - used)
-        borrowable = sum(
-            self.lendable(other, resource)
-            for other in self.cohort_members(spec.cohort)
-            if other.name != name
-        )
+        if spec.cohort is None:
+            return max(0, quota.nominal - used)
+        guaranteed = self.guaranteed(spec, resource)
+        from_cohort = self.cohort_free(spec.cohort, resource)
         if quota.borrowing_limit is not None:
-            borrowed_now = max(0, used - quota.nominal)
-            borrowable = min(borrowable, max(0, quota.borrowing_limit - borrowed_now))
-        return own + borrowable
+            lent = quota.nominal - guaranteed
+            drawn = max(0, used - guaranteed)
+            from_cohort = min(from_cohort, max(0, lent - drawn + quota.borrowing_limit))
+        return max(0, guaranteed - used) + from_cohort
 
     def refuses(self, name: str, usage: Mapping[str, int]) -> str | None:
         """The first resource for which ``usage`` does not fit queue ``name``, else None."""
