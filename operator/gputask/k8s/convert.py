@@ -213,7 +213,10 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
     fair = spec.get("fairSharing")
     weight = None
     if isinstance(fair, Mapping):
-        weight = math.ceil(quantity(fair.get("weight", 1), field="fairSharing.weight") * 1000)
+        try:
+            weight = math.ceil(quantity(fair.get("weight", 1), field="fairSharing.weight") * 1000)
+        except ValueError as exc:
+            raise InvalidQueueError(str(exc)) from None
     return QueueSpec(
         name=name,
         cohort=spec.get("cohort") or None,
@@ -248,7 +251,10 @@ def node_from_gpunode(
     for i, raw in enumerate((status or {}).get("gpus") or []):
         try:
             gpu = _gpu(raw)
-        except (ValueError, TypeError, KeyError) as exc:
+        except KeyError as exc:  # str(KeyError) alone would read "status.gpus[2]: 'uuid'"
+            errors.append(f"status.gpus[{i}]: missing field {exc}")
+            continue
+        except (ValueError, TypeError) as exc:
             errors.append(f"status.gpus[{i}]: {exc}")
             continue
         if gpu.index in seen:

@@ -1,0 +1,120 @@
+"""Operator configuration: defaults, durations, and errors that name the bad field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gputask.config import Config, ConfigError, load_config, parse_duration
+from gputask.core import POLICIES
+
+INVALID = "FILE: invalid configuration:\n  "
+
+
+def load(tmp_path: Path, text: str) -> Config:
+    """Write ``text`` as a configuration file and load it."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def load_error(tmp_path: Path, text: str) -> str:
+    """The ConfigError message of loading ``text``, with the file path replaced by FILE."""
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    return str(info.value).replace(str(tmp_path / "config.yaml"), "FILE")
+
+
+def test_no_file_gives_the_documented_defaults() -> None:
+    """Without a file: 60s grace, 120s heartbeat, 1s cycle, bestfit, gputask queueing, all namespaces."""
+    assert load_config(None).public() == {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "Configuration",
+        "nodeFailureGracePeriod": 60.0,
+        "heartbeatStaleAfter": 120.0,
+        "cycleInterval": 1.0,
+        "policy": "bestfit",
+        "queueing": "gputask",
+        "namespace": "",
+    }
+
+
+def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
+    """An empty file is the same as no file."""
+    assert load(tmp_path, "") == load_config(None)
+
+
+def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
+    """ "2m" is 120 s, "500ms" is 0.5 s, 30 is 30 s; the other fields are read as written."""
+    text = (
+        "apiVersion: gputask.io/v1alpha1\nkind: Configuration\nnodeFailureGracePeriod: 2m\n"
+        "cycleInterval: 500ms\nheartbeatStaleAfter: 30\npolicy: firstfit\nqueueing: kueue\nnamespace: ml\n"
+    )
+    assert load(tmp_path, text) == Config(
+        node_failure_grace_period_s=120.0,
+        heartbeat_stale_after_s=30.0,
+        cycle_interval_s=0.5,
+        policy="firstfit",
+        queueing="kueue",
+        namespace="ml",
+    )
+
+
+def test_parse_duration_reads_every_documented_form() -> None:
+    """Numbers, bare strings and s/m/h/ms suffixes all become seconds."""
+    assert [parse_duration(v) for v in (30, 1.5, "30", "30s", "2m", "1h", "500ms", " 2.5 s ")] == [
+        30.0,
+        1.5,
+        30.0,
+        30.0,
+        120.0,
+        3600.0,
+        0.5,
+        2.5,
+    ]  # fmt: skip (one row reads better than eight)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "cycleInterval: abc",
+            INVALID + "cycleInterval: Value error, not a duration: 'abc' (use e.g. 30s, 2m, 1h)",
+        ),
+        ("cycleInterval: 0", INVALID + "cycleInterval: Input should be greater than 0"),
+        (
+            "heartbeatStaleAfter: -5",
+            INVALID + "heartbeatStaleAfter: Value error, duration must not be negative: -5",
+        ),
+        (
+            "nodeFailureGracePeriod: true",
+            INVALID + "nodeFailureGracePeriod: Value error, not a duration: True",
+        ),
+        (
+            "queueing: volcano",
+            INVALID + "queueing: Input should be 'gputask' or 'kueue'",
+        ),
+        (
+            "cycleIntervall: 1s",
+            INVALID + "cycleIntervall: Extra inputs are not permitted",
+        ),
+        ("- cycleInterval", "FILE: expected a mapping, got list"),
+    ],
+)
+def test_an_invalid_field_is_a_config_error_naming_it(tmp_path: Path, text: str, message: str) -> None:
+    """Each invalid value raises ConfigError whose message names the file and the field."""
+    assert load_error(tmp_path, text) == message
+
+
+def test_an_unknown_policy_is_a_config_error_listing_the_known_ones(tmp_path: Path) -> None:
+    """A policy name nobody registered is refused with the list of registered policies."""
+    assert load_error(tmp_path, "policy: worstfit") == (
+        f"FILE: policy 'worstfit' unknown; known: {', '.join(sorted(POLICIES))}"
+    )
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    """A path that does not exist raises ConfigError, not OSError."""
+    with pytest.raises(ConfigError):
+        load_config(tmp_path / "absent.yaml")

@@ -1,0 +1,298 @@
+"""Conversion of GPUTask, GPUClusterQueue and GPUNode objects into core values, with exact errors."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from gputask.core import (
+    GPU,
+    GPU_MEMORY,
+    Gpu,
+    GpuRequest,
+    InvalidQueueError,
+    InvalidTaskError,
+    LabelRequirement,
+    LabelSelector,
+    Node,
+    NodeName,
+    Preemption,
+    QueueSpec,
+    ResourceQuota,
+    Task,
+    TaskKey,
+)
+from gputask.k8s.convert import gpu_request, node_from_gpunode, queue_from_manifest, task_from_manifest
+
+PRIORITIES = {"high": 1000, "low": -5}
+
+
+def manifest(spec: dict[str, Any] | None = None, **metadata: Any) -> dict[str, Any]:
+    """A GPUTask object named ``train`` in ``ml`` with queue ``team-a`` and the given spec fields."""
+    return {
+        "metadata": {"name": "train", "namespace": "ml", **metadata},
+        "spec": {"queueName": "team-a", **(spec or {})},
+    }
+
+
+def convert(obj: dict[str, Any]) -> Task:
+    """Convert with the priority classes of :data:`PRIORITIES`."""
+    return task_from_manifest(obj, priority_of=PRIORITIES.get)
+
+
+def error_of(spec: dict[str, Any]) -> tuple[str, str]:
+    """The (reason, message) of the InvalidTaskError that converting ``spec`` raises."""
+    with pytest.raises(InvalidTaskError) as info:
+        convert(manifest(spec))
+    return info.value.reason, info.value.message
+
+
+def test_a_full_gputask_becomes_the_exact_core_task() -> None:
+    """Every spec and metadata field lands in the Task: key, queue, request, priority, time, labels."""
+    obj = manifest(
+        {
+            "gpus": 2,
+            "gpuMemory": "12Gi",
+            "gpuProducts": ["NVIDIA-A10", "NVIDIA-L4"],
+            "priorityClassName": "high",
+            "maxReschedules": 5,
+            "template": {"spec": {"containers": []}},
+        },
+        creationTimestamp="2026-01-02T03:04:05Z",
+    )
+    task = task_from_manifest(obj, priority_of=PRIORITIES.get, namespace_labels={"team": "ml", "env": "prod"})
+    assert task == Task(
+        key=TaskKey("ml/train"),
+        queue="team-a",
+        request=GpuRequest(2, memory_mib=12288, products=frozenset({"NVIDIA-A10", "NVIDIA-L4"})),
+        priority=1000,
+        created=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC).timestamp(),
+        namespace_labels=(("env", "prod"), ("team", "ml")),
+        max_reschedules=5,
+    )
+
+
+def test_a_minimal_gputask_gets_the_defaults() -> None:
+    """Without optional fields: one whole GPU, priority 0, namespace default, 3 reschedules."""
+    obj = {"metadata": {"name": "t"}, "spec": {"queueName": "q"}}
+    assert convert(obj) == Task(TaskKey("default/t"), "q", GpuRequest(1), max_reschedules=3)
+
+
+def test_kueue_labels_name_the_queue_and_the_priority_class() -> None:
+    """The labels kueue.x-k8s.io/queue-name and kueue.x-k8s.io/priority-class stand in for the spec fields."""
+    labels = {"kueue.x-k8s.io/queue-name": "from-label", "kueue.x-k8s.io/priority-class": "low"}
+    obj = {"metadata": {"name": "t", "namespace": "ml", "labels": labels}, "spec": {"gpus": 1}}
+    assert convert(obj) == Task(TaskKey("ml/t"), "from-label", GpuRequest(1), priority=-5)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [
+        (0, "spec.gpus must be between 1 and 16, got 0"),
+        (-1, "spec.gpus must be between 1 and 16, got -1"),
+        (17, "spec.gpus must be between 1 and 16, got 17"),
+        ("2", "spec.gpus must be an integer, got '2'"),
+        (1.5, "spec.gpus must be an integer, got 1.5"),
+        (True, "spec.gpus must be an integer, got True"),
+    ],
+)
+def test_gpus_outside_1_to_16_or_not_an_integer_is_invalid(gpus: Any, message: str) -> None:
+    """spec.gpus must be a true integer in 1..16; strings, floats and booleans are refused."""
+    assert error_of({"gpus": gpus}) == ("InvalidSpec", message)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"gpuMemory": "-1Gi"}, "spec.gpuMemory: '-1Gi' must be positive"),
+        ({"gpuMemory": "0"}, "spec.gpuMemory: '0' must be positive"),
+        ({"gpuMemory": "1Ei"}, "spec.gpuMemory: '1Ei' is more than any GPU has (limit 1Ti)"),
+        ({"gpuMemory": "abc"}, "spec.gpuMemory: 'abc' is not a quantity (Invalid number format: abc)"),
+        (
+            {"gpuMemory": "8Gi", "gpuFraction": "0.5"},
+            "set at most one of spec.gpuMemory and spec.gpuFraction",
+        ),
+        ({"gpuFraction": "0"}, "spec.gpuFraction must be in (0, 1], got '0'"),
+        ({"gpuFraction": "1.5"}, "spec.gpuFraction must be in (0, 1], got '1.5'"),
+        ({"gpuFraction": "abc"}, "spec.gpuFraction must be a decimal string in (0, 1], got 'abc'"),
+        ({"gpuProducts": "NVIDIA-A10"}, "spec.gpuProducts must be a list of product names, got 'NVIDIA-A10'"),
+        ({"maxReschedules": 1001}, "spec.maxReschedules must be between 0 and 1000, got 1001"),
+        ({"template": "pod"}, "spec.template must be a pod template object"),
+    ],
+)
+def test_bad_per_gpu_requests_are_invalid_with_the_exact_message(spec: dict[str, Any], message: str) -> None:
+    """Bad gpuMemory, gpuFraction and other spec fields raise InvalidSpec saying which field and why."""
+    assert error_of(spec) == ("InvalidSpec", message)
+
+
+def test_gpu_memory_units_are_exact_mib() -> None:
+    """16G (decimal), 16Gi and 16000Mi are three different sizes: 15259, 16384 and 16000 MiB."""
+    assert [gpu_request({"gpuMemory": m}).memory_mib for m in ("16G", "16Gi", "16000Mi")] == [
+        15259,
+        16384,
+        16000,
+    ]
+
+
+def test_gpu_fraction_becomes_milli_gpu() -> None:
+    """gpuFraction "0.25" is 250 milli-GPU, a shared request; "1" is a whole exclusive GPU."""
+    quarter, whole = gpu_request({"gpuFraction": "0.25"}), gpu_request({"gpuFraction": "1"})
+    assert (quarter, quarter.exclusive, whole.exclusive) == (GpuRequest(1, fraction_milli=250), False, True)
+
+
+def test_a_missing_queue_is_missing_queue_name() -> None:
+    """Neither spec.queueName nor the Kueue label: reason MissingQueueName."""
+    obj = {"metadata": {"name": "t"}, "spec": {"gpus": 1}}
+    with pytest.raises(InvalidTaskError) as info:
+        convert(obj)
+    assert (info.value.reason, info.value.message) == (
+        "MissingQueueName",
+        "set spec.queueName or the label kueue.x-k8s.io/queue-name",
+    )
+
+
+def test_an_unknown_priority_class_is_priority_class_not_found() -> None:
+    """A priorityClassName that the resolver does not know: reason PriorityClassNotFound."""
+    assert error_of({"priorityClassName": "urgent"}) == (
+        "PriorityClassNotFound",
+        "priority class 'urgent' does not exist",
+    )
+
+
+def test_a_full_queue_becomes_the_exact_queue_spec() -> None:
+    """Cohort, selector, strategy, quotas in milli-GPU and MiB, preemption, fair sharing and stop policy."""
+    spec = {
+        "cohort": "org",
+        "namespaceSelector": {
+            "matchLabels": {"team": "ml"},
+            "matchExpressions": [{"key": "env", "operator": "In", "values": ["prod", "dev"]}],
+        },
+        "queueingStrategy": "StrictFIFO",
+        "resources": [
+            {"name": "nvidia.com/gpu", "nominalQuota": "1500m", "borrowingLimit": 2, "lendingLimit": "0.5"},
+            {"name": "gputask.io/gpu-memory", "nominalQuota": "64Gi"},
+        ],
+        "preemption": {
+            "withinClusterQueue": "LowerPriority",
+            "reclaimWithinCohort": "Any",
+            "borrowWithinCohort": {"policy": "LowerPriority", "maxPriorityThreshold": 100},
+        },
+        "fairSharing": {"weight": "1.5"},
+        "stopPolicy": "Hold",
+    }
+    assert queue_from_manifest("team-a", spec) == QueueSpec(
+        name="team-a",
+        cohort="org",
+        namespace_selector=LabelSelector(
+            (("team", "ml"),), (LabelRequirement("env", "In", ("prod", "dev")),)
+        ),
+        strategy="StrictFIFO",
+        quotas={GPU: ResourceQuota(1500, 2000, 500), GPU_MEMORY: ResourceQuota(65536)},
+        preemption=Preemption("LowerPriority", "Any", "LowerPriority", 100),
+        fair_sharing_weight_milli=1500,
+        stop_policy="Hold",
+    )
+
+
+def test_an_empty_queue_spec_gets_kueue_defaults() -> None:
+    """No fields: no cohort, all namespaces, BestEffortFIFO, no quotas (unlimited), never preempt."""
+    assert queue_from_manifest("q", None) == QueueSpec("q")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"resources": [{"name": "cpu", "nominalQuota": 1}]},
+            "resources: unknown resource 'cpu'; use nvidia.com/gpu or gputask.io/gpu-memory",
+        ),
+        (
+            {"resources": [{"name": "nvidia.com/gpu", "nominalQuota": -1}]},
+            "resources[nvidia.com/gpu].nominalQuota: -1 must not be negative",
+        ),
+        (
+            {"resources": [{"name": "nvidia.com/gpu", "nominalQuota": "lots"}]},
+            "resources[nvidia.com/gpu].nominalQuota: 'lots' is not a quantity (Invalid number format: lots)",
+        ),
+        ({"queueingStrategy": "LIFO"}, "queueingStrategy 'LIFO': use BestEffortFIFO or StrictFIFO"),
+        (
+            {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}},
+            "namespaceSelector.matchExpressions: invalid entry {'key': 'a', 'operator': 'Near'}",
+        ),
+        (
+            {"fairSharing": {"weight": "abc"}},
+            "fairSharing.weight: 'abc' is not a quantity (Invalid number format: abc)",
+        ),
+    ],
+)
+def test_bad_queue_specs_raise_invalid_queue_error_naming_the_field(
+    spec: dict[str, Any], message: str
+) -> None:
+    """Every bad queue field raises InvalidQueueError (never another exception) saying which field."""
+    with pytest.raises(InvalidQueueError) as info:
+        queue_from_manifest("q", spec)
+    assert str(info.value) == message
+
+
+def test_a_gpunode_status_becomes_the_exact_node_with_gpus_in_index_order() -> None:
+    """GPU entries become Gpus sorted by index, MiB rounded up, spaces in products as dashes."""
+    status = {
+        "gpus": [
+            {
+                "index": 1,
+                "uuid": "GPU-b",
+                "product": "NVIDIA A100-SXM4-80GB",
+                "memory": "80Gi",
+                "healthy": False,
+            },
+            {"index": 0, "uuid": "GPU-a", "product": "NVIDIA-A10", "memory": 24 * 10**9},
+        ]
+    }
+    assert node_from_gpunode("node-a", status, schedulable=False) == (
+        Node(
+            NodeName("node-a"),
+            (
+                Gpu(0, "GPU-a", "NVIDIA-A10", 22889),
+                Gpu(1, "GPU-b", "NVIDIA-A100-SXM4-80GB", 81920, healthy=False),
+            ),
+            schedulable=False,
+        ),
+        [],
+    )
+
+
+def test_a_malformed_gpu_entry_is_rejected_alone() -> None:
+    """Each bad GPU entry is dropped with its own error line; the node keeps its good GPUs."""
+    good = {"index": 0, "uuid": "GPU-a", "product": "NVIDIA-A10", "memory": "24Gi"}
+    status = {
+        "gpus": [
+            good,
+            {"index": 1, "uuid": "GPU-b", "memory": "abc"},
+            {"index": 2, "memory": "24Gi"},
+            {"index": -1, "uuid": "GPU-c", "memory": "24Gi"},
+            "junk",
+            {"index": 3, "uuid": "GPU-d", "memory": "24Gi", "healthy": "yes"},
+            {"index": 4, "uuid": "GPU-e", "memory": "24Gi", "memoryUsed": "-1Gi"},
+            {**good, "uuid": "GPU-dup"},
+            {"index": 5, "uuid": "GPU-f", "memory": "16Gi"},
+        ]
+    }
+    assert node_from_gpunode("n", status) == (
+        Node(NodeName("n"), (Gpu(0, "GPU-a", "NVIDIA-A10", 24576), Gpu(5, "GPU-f", "unknown", 16384))),
+        [
+            "status.gpus[1]: memory: 'abc' is not a quantity (Invalid number format: abc)",
+            "status.gpus[2]: missing field 'uuid'",
+            "status.gpus[3]: index must be a non-negative integer, got -1",
+            "status.gpus[4]: expected an object, got 'junk'",
+            "status.gpus[5]: healthy must be a boolean, got 'yes'",
+            "status.gpus[6]: memoryUsed must not be negative, got '-1Gi'",
+            "status.gpus[7]: duplicate index 0",
+        ],
+    )
+
+
+def test_a_gpunode_without_status_is_a_node_without_gpus() -> None:
+    """A GPUNode the agent has not reported yet gives an empty node and no errors."""
+    assert node_from_gpunode("n", None) == (Node(NodeName("n"), ()), [])
