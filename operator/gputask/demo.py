@@ -124,6 +124,8 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
     from gputask.testing import EmulatorServer
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # a pipe or CI log: do not cut UUIDs at 80 columns
     workdir.mkdir(parents=True, exist_ok=True)
     kubeconfig = workdir / "kubeconfig"
     async with EmulatorServer(port=port) as server:

@@ -101,25 +101,35 @@ class KubeClient:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        def call() -> Any:
-            return self._api.call_api(
-                path,
+        def call() -> tuple[int, bytes, str]:
+            verb, url, headers, payload, post = self._api.param_serialize(
                 method,
+                path,
                 query_params=list((query or {}).items()),
                 header_params={"Content-Type": content_type, "Accept": "application/json"},
                 body=body,
-                response_type="object",
                 auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _preload_content=True,
             )
+            response = self._api.call_api(verb, url, header_params=headers, body=payload, post_params=post)
+            response.read()
+            return response.status, response.data or b"", response.reason or ""
 
         try:
-            result = await asyncio.to_thread(call)
+            status, data, reason = await asyncio.to_thread(call)
         except ApiException as exc:
-            raise _error(exc, method) from None
+            raise _error(int(exc.status or 0), exc.reason or "", exc.body, method) from None
         except OSError as exc:  # connection refused, DNS: the server is unreachable
             raise ApiError(0, "Unreachable", str(exc)) from None
+        except Exception as exc:  # urllib3 wraps connection failures in its own types
+            if type(exc).__module__.startswith("urllib3"):
+                raise ApiError(0, "Unreachable", str(exc)) from None
+            raise
+        if status >= 400:
+            raise _error(status, reason, data, method)
+        try:
+            result = json.loads(data) if data else {}
+        except ValueError:
+            result = {}
         return result if isinstance(result, dict) else {}
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -166,14 +176,15 @@ class KubeClient:
         await asyncio.to_thread(self._api.close)
 
 
-def _error(exc: ApiException, method: str) -> ApiError:
-    status = int(exc.status or 0)
+def _error(status: int, http_reason: str, body: Any, method: str) -> ApiError:
     try:
-        detail = json.loads(exc.body or "{}")
+        detail = json.loads(body or "{}")
     except (TypeError, ValueError):
         detail = {}
-    reason = str(detail.get("reason") or exc.reason or "")
-    message = str(detail.get("message") or exc.body or "")
+    if not isinstance(detail, dict):
+        detail = {}
+    reason = str(detail.get("reason") or http_reason)
+    message = str(detail.get("message") or (body.decode(errors="replace") if isinstance(body, bytes) else body) or "")
     if status == 404:
         return NotFound(status, reason, message)
     if status == 409:
