@@ -1,0 +1,139 @@
+"""Helpers to run the real kopf operator against the project's API emulator over loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gputask.config import Config
+from gputask.k8s.client import (
+    EVENTS,
+    GPUCLUSTERQUEUES,
+    GPUNODES,
+    GPUTASKS,
+    NODES,
+    KubeClient,
+)
+from gputask.k8s.handlers import Operator
+from gputask.k8s.main import build_operator, run_operator
+from gputask.testing import EmulatorServer
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 15.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not reached within {timeout_s}s: {probe.__name__}")
+        await asyncio.sleep(0.05)
+
+
+def gpunode(name: str, *gpus: tuple[str, str, str]) -> dict[str, Any]:
+    """A GPUNode with (uuid, product, memory) GPUs indexed in order."""
+    return {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPUNode",
+        "metadata": {"name": name},
+        "status": {
+            "gpus": [
+                {"index": i, "uuid": u, "product": p, "memory": m, "memoryUsed": "0", "healthy": True}
+                for i, (u, p, m) in enumerate(gpus)
+            ],
+            "heartbeatTime": "2026-11-29T00:00:00Z",
+        },
+    }
+
+
+def gputask(name: str, *, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    """A GPUTask with a busybox template; ``spec`` fields override the defaults."""
+    body = {
+        "queueName": "default",
+        "gpus": 1,
+        "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}},
+        **spec,
+    }
+    return {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPUTask",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }
+
+
+@dataclass
+class Cluster:
+    """The emulator, an API client on it, and helpers to seed objects."""
+
+    server: EmulatorServer
+    client: KubeClient
+    kubeconfig: Path
+
+    async def add_node(self, name: str, *gpus: tuple[str, str, str]) -> None:
+        """Create a Ready v1 Node and its GPUNode (status written as the agent would)."""
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        }
+        await self.client.create(NODES, node)
+        ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        await self.client.patch(NODES, name, ready, status=True)
+        body = gpunode(name, *gpus)
+        await self.client.create(GPUNODES, {k: v for k, v in body.items() if k != "status"})
+        await self.client.patch(GPUNODES, name, {"status": body["status"]}, status=True)
+
+    async def add_queue(self, name: str = "default", **spec: Any) -> None:
+        """Create a GPUClusterQueue."""
+        body = {
+            "apiVersion": "gputask.io/v1alpha1",
+            "kind": "GPUClusterQueue",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        await self.client.create(GPUCLUSTERQUEUES, body)
+
+    async def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a GPUTask; returns the stored object (with uid)."""
+        return await self.client.create(GPUTASKS, body, body["metadata"].get("namespace", "default"))
+
+    async def task(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        """GET a GPUTask."""
+        return await self.client.get(GPUTASKS, name, namespace)
+
+    async def events_for(self, name: str, namespace: str = "default") -> list[tuple[str, str, str]]:
+        """(type, reason, message) of the Events about a GPUTask, in creation order."""
+        events = await self.client.list(EVENTS, namespace)
+        return [
+            (e["type"], e["reason"], e["message"])
+            for e in events
+            if e.get("involvedObject", {}).get("name") == name and e.get("involvedObject", {}).get("kind") == "GPUTask"
+        ]
+
+
+@contextlib.asynccontextmanager
+async def running_operator(cluster: Cluster, config: Config | None = None) -> AsyncIterator[Operator]:
+    """Run one real operator instance until the block ends."""
+    operator = build_operator(config or Config(cycleInterval=0.2), kubeconfig=str(cluster.kubeconfig))
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_operator(operator, stop_flag=stop, ready_flag=ready))
+    await asyncio.wait_for(ready.wait(), timeout=15)
+    try:
+        yield operator
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, timeout=15)
+        await operator.client.close()
