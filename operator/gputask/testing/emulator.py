@@ -1,0 +1,369 @@
+"""The project's Kubernetes API emulator: kmock's ``KubernetesEmulator`` made faithful enough for kopf.
+
+kmock 0.8 stores objects naively (no uid or resourceVersion, 200 on create, no PUT, no selectors,
+no conflicts, no status isolation, no garbage collection). :class:`GpuTaskEmulator` keeps kmock's
+object store (``emulator.objects[...]``), resource registry (``emulator.resources``), discovery
+scaffolding and reaction DSL (``emulator['patch', ...] << 500`` still overrides any answer), and
+replaces the CRUD handlers with ones that behave like kube-apiserver (see ``_store.py``).
+DESIGN.md section 5 lists what it still does not do (no schema validation or defaulting, no
+controllers, no RBAC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import aiohttp.web
+import attrs
+from kmock import (
+    KubernetesEmulator,
+    KubernetesError,
+    KubernetesScaffold,
+    Request,
+    ResourceInfo,
+    action,
+    headers,
+    method,
+    resource,
+)
+from kmock._internal.rendering import Response, StreamingError
+
+from gputask.testing import _http, _patches
+from gputask.testing._resources import builtin_infos, group_version
+from gputask.testing._selectors import SelectorError, make_matcher, parse_field_selector, parse_label_selector
+from gputask.testing._store import (
+    Event,
+    Key,
+    Obj,
+    Store,
+    Watch,
+    bad_request,
+    conflict,
+    error,
+    invalid,
+    no_resource,
+    not_found,
+)
+
+RECORDS_SIZE = 5_000  # requests kept for kmock's request assertions (bounded for `make demo`)
+
+
+@attrs.define(kw_only=True)
+class GpuTaskEmulator(KubernetesEmulator):
+    """An in-memory Kubernetes API server for integration tests and ``make demo``.
+
+    On top of kmock's emulator it adds: uid/creationTimestamp/resourceVersion/generation; 201 on
+    create and 409 AlreadyExists; PUT; optimistic concurrency (stale resourceVersion = 409);
+    merge, strategic-merge (as merge), apply (as merge) and JSON patches; generateName; label and
+    field selectors on list and watch; an isolated ``/status`` subresource; finalizers and
+    ownerReference garbage collection (background, or ``Orphan``); typed list responses; CRD
+    installation into discovery; watches resumable from a resourceVersion.
+    Unchanged writes are no-ops, as in the API server: no new resourceVersion, no watch event.
+    """
+
+    store: Store = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        # Skip KubernetesEmulator's own CRUD fallbacks; keep the scaffold's discovery and 404s.
+        KubernetesScaffold.__attrs_post_init__(self)
+        self.store = Store(self._objects, self._resources)
+        for res, info in builtin_infos():
+            self.resources[res] = info
+        self.fallback[action.LIST] << self._serve_list
+        self.fallback[action.WATCH] << headers({"Content-Type": "application/json"}) << self._serve_watch
+        self.fallback[action.FETCH] << self._serve_fetch
+        self.fallback[action.CREATE] << self._serve_create
+        self.fallback[action.UPDATE] << self._serve_update
+        self.fallback[action.DELETE] << self._serve_delete
+        self.fallback[method.PUT] << self._serve_replace
+
+    # -- public helpers -------------------------------------------------------------------------
+
+    def install_crd(self, crd: Mapping[str, Any]) -> Obj:
+        """Create or replace a CustomResourceDefinition and serve its resources; return it."""
+        return self.store.install_crd(dict(crd))
+
+    def close_watches(self) -> None:
+        """End every open watch stream (call before stopping the HTTP server)."""
+        for watch in self.store.watches:
+            watch.queue.put_nowait(None)
+
+    @property
+    def resource_version(self) -> int:
+        """The latest resourceVersion handed out."""
+        return self.store.rv
+
+    # -- HTTP plumbing ------------------------------------------------------------------------
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """Serve one HTTP request: kmock's flow, with our URL parser and bounded request records."""
+        raw_response: aiohttp.web.StreamResponse | None = None
+        try:
+            request = await _http.parse_request(raw_request, len(self._requests))
+            self._requests.append(request)
+            self._trim_records()
+            try:
+                return await self._handle(request)
+            except StreamingError as e:  # the response had started streaming
+                raw_response = e.args[0]
+                raise e.__cause__ or e from None
+        except Exception as e:
+            if not isinstance(e, KubernetesError) and self._errors:
+                self._errors[-1].append(e)  # only real failures count for kmock's strict mode
+            if raw_response is None or not raw_response.prepared:
+                return await self._render_error(e)
+            await self._stream_error(e, raw_response)
+            await raw_response.write_eof()
+            return raw_response
+
+    async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
+        # Bypass KubernetesEmulator._handle, which stores objects naively before dispatching.
+        return await KubernetesScaffold._handle(self, request)
+
+    def _trim_records(self) -> None:
+        if len(self._requests) > 2 * RECORDS_SIZE:
+            del self._requests[:-RECORDS_SIZE]
+            for payload in self._payloads:
+                del payload._requests[:-RECORDS_SIZE]
+            for errors in self._errors:
+                del errors[:-RECORDS_SIZE]
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, KubernetesError):
+            return _http.error_response(exc)
+        return await super()._render_error(exc)
+
+    # -- discovery ----------------------------------------------------------------------------
+
+    def _served(self) -> list[tuple[resource, ResourceInfo]]:
+        resources = KubernetesScaffold._get_resources(self)  # declared ones and the DSL's
+        return [(r, self.resources[r]) for r in resources if r.plural and r.version]
+
+    async def _serve_apis(self, request: Request) -> Any:
+        return _http.api_group_list(self._served())
+
+    async def _serve_group(self, request: Request) -> Any:
+        found = _http.api_group(self._served(), str(request.resource and request.resource.group))
+        if found is None:
+            raise no_resource()
+        return found
+
+    async def _serve_version(self, request: Request) -> Any:
+        gv = request.resource
+        found = gv and _http.api_resource_list(self._served(), str(gv.group), str(gv.version))
+        if not found:
+            raise no_resource()
+        return found
+
+    # -- request handlers ---------------------------------------------------------------------
+
+    def _resolve(self, request: Request) -> tuple[resource, ResourceInfo]:
+        res = request.resource
+        if res is None or not res.plural or not res.version or res not in self.resources:
+            raise no_resource()
+        info = self.resources[res]
+        if request.namespace is not None and not info.namespaced:
+            raise no_resource()
+        if request.subresource is not None and (
+            request.subresource != "status" or "status" not in info.subresources
+        ):
+            raise no_resource()
+        return res, info
+
+    def _key(self, request: Request, res: resource, info: ResourceInfo) -> Key:
+        if (info.namespaced and request.namespace is None) or request.name is None:
+            raise no_resource()
+        return (res, request.namespace if info.namespaced else None, request.name)
+
+    @staticmethod
+    def _body(request: Request) -> Obj:
+        if "protobuf" in _http.content_type(request):
+            raise error(
+                415,
+                "UnsupportedMediaType",
+                "the emulator speaks JSON only; kubectl sends "
+                "protobuf for built-in kinds from generators: use `kubectl apply -f`",
+            )
+        if not isinstance(request.data, dict) or not isinstance(request.data.get("metadata", {}), dict):
+            raise bad_request("the request body must be a JSON object with an object in metadata")
+        return copy.deepcopy(request.data)
+
+    def _matcher(self, request: Request, res: resource) -> Callable[[Mapping[str, Any]], bool]:
+        try:
+            labels = parse_label_selector(request.params.get("labelSelector", ""))
+            fields = parse_field_selector(
+                request.params.get("fieldSelector", ""),
+                str(res.group),
+                str(res.plural),
+                self.store.selectable.get(res, ()),
+            )
+            if request.name is not None:  # a watch on one named object
+                fields += parse_field_selector(f"metadata.name={request.name}", "", "")
+        except SelectorError as e:
+            raise bad_request(str(e)) from None
+        return make_matcher(labels, fields)
+
+    async def _serve_list(self, request: Request) -> Response:
+        res, info = self._resolve(request)
+        matches = self._matcher(request, res)
+        items = [(key, obj) for key, obj in self.store.items(res, request.namespace) if matches(obj)]
+        if after := request.params.get("continue", ""):  # our tokens are "namespace/name"
+            after_key = tuple(after.split("/", 1))
+            items = [(k, o) for k, o in items if (k[1] or "", k[2]) > after_key]
+        meta: Obj = {"resourceVersion": str(self.store.rv)}
+        limit = int(request.params["limit"]) if request.params.get("limit", "").isdigit() else 0
+        if 0 < limit < len(items):
+            last = items[limit - 1][0]
+            meta |= {"continue": f"{last[1] or ''}/{last[2]}", "remainingItemCount": len(items) - limit}
+            items = items[:limit]
+        body = {
+            "kind": f"{info.kind}List",
+            "apiVersion": group_version(res),
+            "metadata": meta,
+            "items": [obj for _, obj in items],
+        }
+        return Response(status=200, payload=body)
+
+    async def _serve_watch(self, request: Request) -> AsyncIterator[Any]:
+        res, info = self._resolve(request)
+        matches, namespace = self._matcher(request, res), request.namespace
+        since = request.params.get("resourceVersion", "")
+        initial = request.params.get("sendInitialEvents") == "true"
+        timeout_text = request.params.get("timeoutSeconds", "")
+        if not re.fullmatch(r"\d*", since) or not re.fullmatch(r"\d*", timeout_text):
+            raise bad_request("resourceVersion and timeoutSeconds must be non-negative integers")
+        timeout = int(timeout_text) if timeout_text else None
+        # Snapshot and subscribe with no await in between, so that no event is lost or doubled.
+        backlog: list[Event] | None
+        if since in ("", "0") or initial:
+            backlog = [Event(0, res, "ADDED", obj, None) for _, obj in self.store.items(res, namespace)]
+        else:
+            backlog = self.store.events_since(res, int(since))
+        snapshot_rv, watch = self.store.rv, Watch(res)
+        self.store.watches.add(watch)
+        try:
+            yield b""  # send the headers now: clients wait for them before reading events
+            if backlog is None:
+                message = f"too old resource version: {since}"
+                yield {"type": "ERROR", "object": _http.status_body(410, "Expired", message)}
+                return
+            for event in backlog:
+                if (out := event.seen_as(namespace, matches)) is not None:
+                    yield out
+            if initial:
+                yield {
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": info.kind,
+                        "apiVersion": group_version(res),
+                        "metadata": {
+                            "resourceVersion": str(snapshot_rv),
+                            "annotations": {"k8s.io/initial-events-end": "true"},
+                        },
+                    },
+                }
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            while True:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    break
+                try:
+                    next_event = await asyncio.wait_for(watch.queue.get(), remaining)
+                except TimeoutError:
+                    break
+                if next_event is None:
+                    break
+                if (out := next_event.seen_as(namespace, matches)) is not None:
+                    yield out
+        finally:
+            self.store.watches.discard(watch)
+
+    async def _serve_fetch(self, request: Request) -> Response:
+        res, info = self._resolve(request)
+        key = self._key(request, res, info)
+        obj = self.store.live(key)
+        if obj is None:
+            raise not_found(res, key[2])
+        return Response(status=200, payload=obj)
+
+    async def _serve_create(self, request: Request) -> Response:
+        res, info = self._resolve(request)
+        if info.namespaced and request.namespace is None:
+            raise no_resource()
+        return Response(
+            status=201, payload=self.store.create(res, info, request.namespace, self._body(request))
+        )
+
+    async def _serve_update(self, request: Request) -> Response:
+        res, info = self._resolve(request)
+        key = self._key(request, res, info)
+        content_type = _http.content_type(request)
+        if content_type not in _patches.PATCH_TYPES:
+            raise error(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown "
+                f"format - accepted media types include: {', '.join(sorted(_patches.PATCH_TYPES))}",
+            )
+        current = self.store.live(key)
+        if current is None and content_type == _patches.APPLY and request.subresource is None:
+            body = self._body(request)
+            body["metadata"]["name"] = key[2]
+            return Response(status=201, payload=self.store.create(res, info, key[1], body))
+        if current is None:
+            raise not_found(res, key[2])
+        try:
+            patched = _patches.apply_patch(content_type, current, request.data)
+        except _patches.PatchFormatError as e:
+            raise bad_request(str(e)) from None
+        except _patches.PatchError as e:
+            raise invalid(res, key[2], str(e)) from None
+        if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
+            raise invalid(res, key[2], "the patched object is not an object with metadata")
+        return Response(
+            status=200, payload=self.store.update(res, info, key, current, patched, request.subresource)
+        )
+
+    async def _serve_replace(self, request: Request) -> Response:
+        res, info = self._resolve(request)
+        key = self._key(request, res, info)
+        body = self._body(request)
+        name = body.setdefault("metadata", {}).get("name")
+        if name not in (None, key[2]):
+            raise bad_request(
+                f"the name of the object ({name}) does not match the name on the URL ({key[2]})"
+            )
+        current = self.store.live(key)
+        if current is None:
+            raise not_found(res, key[2])
+        return Response(
+            status=200, payload=self.store.update(res, info, key, current, body, request.subresource)
+        )
+
+    async def _serve_delete(self, request: Request) -> Response:
+        res, info = self._resolve(request)
+        key = self._key(request, res, info)
+        if request.subresource is not None:
+            raise error(405, "MethodNotAllowed", "the server does not allow this method")
+        current = self.store.live(key)
+        if current is None:
+            raise not_found(res, key[2])
+        options = request.data if isinstance(request.data, dict) else {}
+        preconditions = options.get("preconditions") or {}
+        for field in ("uid", "resourceVersion"):
+            wanted, actual = preconditions.get(field), current["metadata"].get(field)
+            if wanted and wanted != actual:
+                raise conflict(
+                    res,
+                    key[2],
+                    f"Precondition failed: {field} in precondition: "
+                    f"{wanted}, {field} in object meta: {actual}",
+                )
+        policy = request.params.get("propagationPolicy") or options.get("propagationPolicy")
+        orphan = policy == "Orphan" or options.get("orphanDependents") is True
+        return Response(status=200, payload=self.store.delete(res, key, current, orphan=orphan))
