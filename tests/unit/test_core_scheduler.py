@@ -311,7 +311,11 @@ def test_every_pending_reason_names_its_cause() -> None:
         Pending(tasks[1], "QueueHeld", "GPUClusterQueue 'held' is stopped (Hold)"),
         Pending(tasks[0], "QueueNotFound", "GPUClusterQueue 'missing' does not exist"),
         Pending(tasks[7], "NoFit", "no node has 1 GPU(s) 20480 MiB free each"),
-        over_quota(tasks[3], "small", 8192, GPU_MEMORY),
+        Pending(
+            tasks[3],
+            "Inadmissible",
+            "needs at least 12288 MiB of gputask.io/gpu-memory; GPUClusterQueue 'small' can never hold more than 8192",
+        ),
         Pending(tasks[5], "Inadmissible", "no node has 3 GPU(s) that could ever be idle"),
         Pending(
             tasks[2], "NamespaceNotAllowed", "namespace 'ns' is not selected by GPUClusterQueue 'ml-only'"

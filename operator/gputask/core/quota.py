@@ -197,3 +197,66 @@ class QuotaBook:
         if spec is None:
             return {}
         return {r: max(0, used.get(r, 0) - q.nominal) for r, q in spec.quotas.items()}
+
+    def is_borrowing(self, name: str) -> bool:
+        """True when queue ``name`` uses more than its nominalQuota of some listed resource."""
+        return any(amount > 0 for amount in self.borrowed(name).values())
+
+    def would_borrow(self, name: str, usage: Mapping[str, int]) -> bool:
+        """True when adding ``usage`` would take queue ``name`` beyond its nominalQuota."""
+        spec = self.specs.get(name)
+        if spec is None:
+            return False
+        used = self.usage.get(name, {})
+        return any(used.get(r, 0) + usage.get(r, 0) > q.nominal for r, q in spec.quotas.items())
+
+    def ceiling(self, name: str, resource: str) -> int | None:
+        """Most of ``resource`` queue ``name`` could ever use (empty cohort); None = unlimited."""
+        spec = self.specs.get(name)
+        quota = None if spec is None else spec.quotas.get(resource)
+        if spec is None or quota is None:
+            return None
+        if spec.cohort is None:
+            return quota.nominal
+        others = sum(
+            m.quotas[resource].nominal - self.guaranteed(m, resource)
+            for m in self.cohort_members(spec.cohort)
+            if m.name != name and resource in m.quotas
+        )
+        if quota.borrowing_limit is not None:
+            others = min(others, quota.borrowing_limit)
+        return quota.nominal + others
+
+    def share(self, name: str, extra: Mapping[str, int] | None = None) -> float:
+        """Weighted dominant resource share of queue ``name`` (Kueue fair sharing).
+
+        For each listed resource: (usage + ``extra`` - nominal, if positive) divided by what the
+        cohort's queues lend in total; the share is the largest such fraction, times 1000, divided
+        by the queue's ``fairSharing.weight`` (weight 0 gives infinity). Source: Kueue
+        documentation, "Fair Sharing" (dominant resource share).
+        """
+        spec = self.specs.get(name)
+        if spec is None or spec.cohort is None:
+            return 0.0
+        used = self.usage.get(name, {})
+        best = 0.0
+        for resource, quota in spec.quotas.items():
+            borrowed = used.get(resource, 0) + (extra or {}).get(resource, 0) - quota.nominal
+            lendable = sum(
+                m.quotas[resource].nominal - self.guaranteed(m, resource)
+                for m in self.cohort_members(spec.cohort)
+                if resource in m.quotas
+            )
+            if borrowed > 0:
+                best = max(best, borrowed / lendable if lendable else float("inf"))
+        weight = spec.fair_sharing_weight_milli if spec.fair_sharing_weight_milli is not None else 1000
+        if weight == 0:
+            return float("inf") if best > 0 else 0.0
+        return best * 1000 * 1000 / weight
+
+    def fair_sharing(self, name: str) -> bool:
+        """True when queue ``name`` is in a cohort whose queues set ``fairSharing``."""
+        spec = self.specs.get(name)
+        if spec is None or spec.cohort is None:
+            return False
+        return any(m.fair_sharing_weight_milli is not None for m in self.cohort_members(spec.cohort))

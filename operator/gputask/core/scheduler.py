@@ -1,39 +1,39 @@
-"""The scheduling cycle: queue heads in order, quota, placement, decisions.
+"""The scheduling cycle: queue heads in order, quota, placement, preemption, decisions.
 
 Watch handlers never decide (Kueue's shape): they feed :class:`Scheduler` with tasks,
 nodes and queues; :meth:`Scheduler.cycle` reads the pending tasks in order and returns
 decisions for the adapter to carry out. An admission is assumed at once (reserved in the
 cluster state and charged to quota) so later tasks of the same cycle see it; the adapter
 calls :meth:`Scheduler.unadmit` if the API write fails.
+
+A preemptor is *nominated*: its placement is reserved at once, so nothing else can take the
+capacity its victims free, and it is admitted by a later cycle once every victim has reported
+gone (:meth:`Scheduler.victim_gone`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
-from gputask.core.placement import (
-    DEFAULT_POLICY,
-    Outcome,
-    Policy,
-    QuotaCheck,
-    find_placement,
-    make_policy,
-)
+from gputask.core.placement import DEFAULT_POLICY, Policy, QuotaCheck, find_placement, make_policy
+from gputask.core.preemption import Planner, Victim, any_preemption, victim_allowed
 from gputask.core.queues import QueueManager
-from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook, Usage, usage_of
-
-# Condition reasons of a pending task (DESIGN.md: every wait has a reason).
-QUEUE_NOT_FOUND = "QueueNotFound"
-QUEUE_HELD = "QueueHeld"
-NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
-QUOTA_EXCEEDED = "QuotaExceeded"
-NO_FIT = "NoFit"
-PRODUCT_UNAVAILABLE = "ProductUnavailable"
-INADMISSIBLE = "Inadmissible"
-WAITING_FOR_HEAD = "StrictFIFOBlocked"
+from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
+from gputask.core.reasons import (
+    PREEMPTING,
+    QUEUE_HELD,
+    QUEUE_NOT_FOUND,
+    WAITING_FOR_HEAD,
+    explain,
+    min_usage,
+    namespace_refusal,
+    never_fits_queue,
+    queue_status,
+    violations,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,21 @@ class Pending:
     message: str
 
 
-Decision = Admit | Pending
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict running ``task`` from ``placement``; it is requeued in its old place.
+
+    ``reason`` is Preempted, NodeFailure, GPUFailure or QueueDrained; ``by`` names the preemptor.
+    """
+
+    task: Task
+    placement: Placement
+    reason: str
+    message: str
+    by: TaskKey | None = None
+
+
+Decision = Admit | Pending | Evict
 
 
 @dataclass(slots=True)
@@ -62,6 +76,15 @@ class _Running:
     task: Task
     placement: Placement
     usage: Usage
+    admitted_at: float
+
+
+@dataclass(slots=True)
+class _Nominated:
+    task: Task
+    placement: Placement
+    usage: Usage
+    waiting_for: set[TaskKey]
 
 
 @dataclass(slots=True)
@@ -84,6 +107,7 @@ class Scheduler:
         self.quotas = QuotaBook()
         self.pending = QueueManager()
         self.running: dict[TaskKey, _Running] = {}
+        self.nominated: dict[TaskKey, _Nominated] = {}
         self.reasons: dict[TaskKey, tuple[str, str]] = {}
 
     # -- inputs ---------------------------------------------------------------------------
@@ -105,10 +129,10 @@ class Scheduler:
 
     def submit(self, task: Task) -> None:
         """Queue a task (or replace its pending version). Running tasks are left alone."""
-        if task.key not in self.running:
+        if task.key not in self.running and task.key not in self.nominated:
             self.pending.push(task)
 
-    def restore(self, task: Task, placement: Placement) -> None:
+    def restore(self, task: Task, placement: Placement, admitted_at: float = 0.0) -> None:
         """Record a task already running with ``placement`` (after a restart): never refused."""
         if task.key in self.running or not self.cluster.has_node(placement.node):
             return
@@ -116,18 +140,18 @@ class Scheduler:
         self.cluster.force_reserve(task, placement)
         usage = self._usage(placement)
         self.quotas.charge(task.queue, usage)
-        self.running[task.key] = _Running(task, placement, usage)
+        self.running[task.key] = _Running(task, placement, usage, admitted_at)
 
     def finish(self, key: TaskKey) -> Placement | None:
         """Forget a task (finished, deleted or evicted): release GPUs and quota."""
         self.pending.discard(key)
         self.reasons.pop(key, None)
-        run = self.running.pop(key, None)
-        if run is None:
+        held = self.running.pop(key, None) or self.nominated.pop(key, None)
+        if held is None:
             return None
         self.cluster.release(key)
-        self.quotas.charge(run.task.queue, run.usage, -1)
-        return run.placement
+        self.quotas.charge(held.task.queue, held.usage, -1)
+        return held.placement
 
     def evict(self, key: TaskKey) -> Task | None:
         """Evict a running task: release GPUs and quota, queue it again in its old place.
@@ -141,6 +165,11 @@ class Scheduler:
         self.finish(key)
         self.pending.push(run.task)
         return run.task
+
+    def victim_gone(self, key: TaskKey) -> None:
+        """A preempted task's workload has terminated: its preemptor stops waiting for it."""
+        for nominated in self.nominated.values():
+            nominated.waiting_for.discard(key)
 
     def unadmit(self, key: TaskKey) -> None:
         """Undo an admission whose API write failed: release and queue the task again."""
@@ -158,37 +187,73 @@ class Scheduler:
     def cycle(self, now: float = 0.0) -> list[Decision]:
         """Run one scheduling cycle at time ``now`` (seconds); returns decisions in order.
 
-        1. take pending tasks in order (priority, creation time);
-        2. check the queue (exists, not held, namespace allowed, StrictFIFO head);
-        3. find a placement that fits quota (memoised per shape within the cycle);
-        4. admit it (assume) or record why it waits.
+        1. admit nominated preemptors whose victims are gone;
+        2. drain queues with stopPolicy HoldAndDrain;
+        3. take pending tasks in order (fair share across a cohort, then priority, creation);
+        4. check the queue (exists, not held, namespace allowed, StrictFIFO head);
+        5. find a placement that fits quota (failures memoised per shape within the cycle);
+        6. else plan a preemption on one node; 7. admit, nominate, or record why it waits.
         """
         memo = _CycleMemo()
-        decisions: list[Decision] = []
-        for task in self.pending:
-            decision = self._try(task, memo)
-            if isinstance(decision, Admit):
-                decisions.append(decision)
-            elif self.reasons.get(task.key) != (decision.reason, decision.message):
-                self.reasons[task.key] = (decision.reason, decision.message)
-                decisions.append(decision)
+        decisions: list[Decision] = self._admit_nominated(now)
+        decisions += self._drain()
+        for task in self._ordered():
+            if task.key not in self.pending:
+                continue
+            for decision in self._try(task, memo, now):
+                if not isinstance(decision, Pending):
+                    decisions.append(decision)
+                elif self.reasons.get(task.key) != (decision.reason, decision.message):
+                    self.reasons[task.key] = (decision.reason, decision.message)
+                    decisions.append(decision)
         return decisions
 
-    def _try(self, task: Task, memo: _CycleMemo) -> Decision:
-        blocked = self._queue_gate(task, memo)
-        if blocked is not None:
-            return blocked
+    def _admit_nominated(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        for key in [k for k, n in self.nominated.items() if not n.waiting_for]:
+            nominated = self.nominated.pop(key)
+            self.running[key] = _Running(nominated.task, nominated.placement, nominated.usage, now)
+            out.append(Admit(nominated.task, nominated.placement, nominated.usage))
+        return out
+
+    def _drain(self) -> list[Decision]:
+        out: list[Decision] = []
+        for key, run in list(self.running.items()):
+            spec = self.quotas.specs.get(run.task.queue)
+            if spec is not None and spec.stop_policy == "HoldAndDrain":
+                self.evict(key)
+                out.append(Evict(run.task, run.placement, "QueueDrained", f"GPUClusterQueue {spec.name!r} is draining"))
+        return out
+
+    def _ordered(self) -> Iterable[Task]:
+        """Pending tasks in order; with fair sharing, queues with the lower share go first."""
+        if not any(s.fair_sharing_weight_milli is not None for s in self.quotas.specs.values()):
+            return self.pending
+        shares = {name: self.quotas.share(name) for name in self.quotas.specs}
+        return sorted(self.pending, key=lambda t: shares.get(t.queue, 0.0))  # stable: order within a share
+
+    def _try(self, task: Task, memo: _CycleMemo, now: float) -> list[Decision]:
+        gate = self._queue_gate(task, memo)
+        if gate is not None:
+            return [gate]
+        spec = self.quotas.specs[task.queue]
         shape = (task.queue, task.request, task.cpu_milli, task.memory_mib)
         known = memo.outcomes.get(shape)
         if known is None:
-            outcome = find_placement(self.cluster, task, self.policy, quota=self._quota_check(task))
+            quota = self._quota_check(task)
+            outcome = find_placement(self.cluster, task, self.policy, quota=quota)
             if outcome.placement is not None:
-                return self._admit(task, outcome.placement)
-            known = self._explain(task, outcome)
-            memo.outcomes[shape] = known
-        if self.quotas.specs[task.queue].strategy == "StrictFIFO":
+                return [self._admit(task, outcome.placement, now)]
+            known = never_fits_queue(task, self.quotas) or explain(task, outcome, self.quotas, self.cluster)
+            if known[0] != "Inadmissible" and any_preemption(spec):
+                preempted = self._preempt(task, quota)
+                if preempted:
+                    return preempted
+            if not any_preemption(spec):
+                memo.outcomes[shape] = known
+        if spec.strategy == "StrictFIFO":
             memo.blocked_queues.add(task.queue)
-        return Pending(task, *known)
+        return [Pending(task, *known)]
 
     def _queue_gate(self, task: Task, memo: _CycleMemo) -> Pending | None:
         spec = self.quotas.specs.get(task.queue)
@@ -196,12 +261,9 @@ class Scheduler:
             return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r} does not exist")
         if spec.stop_policy != "None":
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
-        if not spec.namespace_selector.matches(dict(task.namespace_labels)):
-            return Pending(
-                task,
-                NAMESPACE_NOT_ALLOWED,
-                f"namespace {task.namespace!r} is not selected by GPUClusterQueue {task.queue!r}",
-            )
+        refusal = namespace_refusal(task, spec)
+        if refusal is not None:
+            return Pending(task, *refusal)
         if task.queue in memo.blocked_queues:
             return Pending(task, WAITING_FOR_HEAD, f"StrictFIFO: waiting behind the head of {task.queue!r}")
         return None
@@ -214,80 +276,77 @@ class Scheduler:
 
         return check
 
-    def _admit(self, task: Task, placement: Placement) -> Admit:
+    def _admit(self, task: Task, placement: Placement, now: float) -> Admit:
+        usage = self._reserve(task, placement)
+        self.running[task.key] = _Running(task, placement, usage, now)
+        return Admit(task, placement, usage)
+
+    def _reserve(self, task: Task, placement: Placement) -> Usage:
         self.pending.discard(task.key)
         self.reasons.pop(task.key, None)
         self.cluster.reserve(task, placement)
         usage = self._usage(placement)
         self.quotas.charge(task.queue, usage)
-        self.running[task.key] = _Running(task, placement, usage)
-        return Admit(task, placement, usage)
+        return usage
 
     def _usage(self, placement: Placement) -> Usage:
         return usage_of(placement, _memory_by_index(self.cluster.node(placement.node)))
 
-    def _explain(self, task: Task, outcome: Outcome) -> tuple[str, str]:
-        req = task.request
-        if not outcome.product_seen:
-            return PRODUCT_UNAVAILABLE, f"no node has a GPU of product {sorted(req.products)}"
-        if outcome.quota_resource is not None:
-            spec = self.quotas.specs[task.queue]
-            free = self.quotas.available(task.queue, outcome.quota_resource)
-            unit = "milli-GPU" if outcome.quota_resource == GPU else "MiB"
-            return QUOTA_EXCEEDED, (
-                f"quota of {outcome.quota_resource} in GPUClusterQueue {spec.name!r} "
-                f"has {free} {unit} left"
+    # -- preemption -----------------------------------------------------------------------------
+    def _preempt(self, task: Task, quota: QuotaCheck) -> list[Decision]:
+        """Plan and start a preemption for ``task``; [] when none helps."""
+        candidates = self._candidates(task)
+        if not candidates:
+            return []
+        plan = Planner(self.cluster, self.quotas, self.policy).plan(task, candidates, quota)
+        if plan is None:
+            return []
+        decisions: list[Decision] = []
+        for victim in plan.victims:
+            self.evict(victim.task.key)
+            message = f"preempted by {task.key} (priority {task.priority}) in GPUClusterQueue {task.queue!r}"
+            decisions.append(Evict(victim.task, victim.placement, "Preempted", message, by=task.key))
+        usage = self._reserve(task, plan.placement)
+        self.nominated[task.key] = _Nominated(task, plan.placement, usage, {v.task.key for v in plan.victims})
+        waiting = ", ".join(sorted(v.task.key for v in plan.victims))
+        decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {plan.placement.node}"))
+        return decisions
+
+    def _candidates(self, task: Task) -> dict[str, list[Victim]]:
+        """Running tasks the policies allow ``task`` to preempt, by node."""
+        fair = self.quotas.fair_sharing(task.queue)
+        borrowing = self.quotas.would_borrow(task.queue, min_usage(task))
+        out: dict[str, list[Victim]] = {}
+        share_ok = self._share_rule(task) if fair else None
+        for run in self.running.values():
+            victim = Victim(run.task, run.placement, run.usage, run.admitted_at)
+            allowed = victim_allowed(
+                task, run.task, quotas=self.quotas, borrowing=borrowing, share_ok=share_ok, victim_entry=victim
             )
-        need = "idle" if req.exclusive else (
-            f"{req.memory_mib} MiB free" if req.memory_mib is not None
-            else f"{req.fraction_milli / 10:g}% free"
-        )
-        if not any(_could_ever_fit(s, task) for s in self.cluster.sorted_nodes()):
-            return INADMISSIBLE, f"no node has {req.count} GPU(s) that could ever be {need}"
-        return NO_FIT, f"no node has {req.count} GPU(s) {need} each"
+            if allowed:
+                out.setdefault(run.placement.node, []).append(victim)
+        return out
+
+    def _share_rule(self, task: Task) -> Callable[[Victim], bool]:
+        """Kueue's fair-sharing preemption rule, evaluated for one victim at a time."""
+        mine_after = self.quotas.share(task.queue, min_usage(task))
+
+        def ok(victim: Victim) -> bool:
+            before = self.quotas.share(victim.task.queue)
+            after = self.quotas.share(victim.task.queue, {r: -a for r, a in victim.usage.items()})
+            return mine_after <= after and mine_after < before
+
+        return ok
 
     # -- reports ------------------------------------------------------------------------------
     def queue_status(self) -> dict[str, dict[str, object]]:
         """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
-        pending = self.pending.count_by_queue()
-        admitted: dict[str, int] = {}
-        for run in self.running.values():
-            admitted[run.task.queue] = admitted.get(run.task.queue, 0) + 1
-        names = sorted(set(self.quotas.specs) | set(pending) | set(admitted))
-        return {
-            n: {
-                "usage": {r: self.quotas.usage.get(n, {}).get(r, 0) for r in (GPU, GPU_MEMORY)},
-                "borrowed": self.quotas.borrowed(n),
-                "pending": pending.get(n, 0),
-                "admitted": admitted.get(n, 0),
-            }
-            for n in names
-        }
+        return queue_status(self)
 
-    def violations(self, extra: Mapping[str, str] | None = None) -> list[str]:
-        """Broken invariants: GPU over-commit and quota beyond nominal + borrowing limit."""
-        out = self.cluster.violations()
-        for name, spec in self.quotas.specs.items():
-            used = self.quotas.usage.get(name, {})
-            for resource, quota in spec.quotas.items():
-                cap = None if quota.borrowing_limit is None else quota.nominal + quota.borrowing_limit
-                if spec.cohort is None:
-                    cap = quota.nominal
-                if cap is not None and used.get(resource, 0) > cap:
-                    out.append(f"queue {name}: {resource} usage {used.get(resource, 0)} > {cap}")
-        return out
+    def violations(self) -> list[str]:
+        """Broken invariants: GPU over-commit and quota beyond what the queue could ever hold."""
+        return violations(self)
 
 
 def _memory_by_index(state: NodeState) -> dict[int, int]:
     return {g.index: g.memory_mib for g in state.node.gpus}
-
-
-def _could_ever_fit(state: NodeState, task: Task) -> bool:
-    req = task.request
-    node = state.node
-    if node.cpu_milli is not None and task.cpu_milli > node.cpu_milli:
-        return False
-    if node.memory_mib is not None and task.memory_mib > node.memory_mib:
-        return False
-    usable = [g for g in node.gpus if req.allows(g.product) and req.mib_on(g) <= g.memory_mib]
-    return len(usable) >= req.count

@@ -1,0 +1,167 @@
+"""Placement-aware preemption with Kueue's ClusterQueue policies.
+
+Who may be preempted (Kueue documentation, "Cluster Queue" > Preemption):
+- same queue: ``withinClusterQueue`` LowerPriority (strictly lower priority) or
+  LowerOrNewerEqualPriority (lower, or equal and created later);
+- other queues of the cohort, only while that queue borrows (uses more than its nominalQuota):
+  ``reclaimWithinCohort`` when the preemptor stays within its own nominal quota (Any: any
+  priority; LowerPriority: lower only), ``borrowWithinCohort`` LowerPriority when the preemptor
+  must borrow (lower priority, and at most ``maxPriorityThreshold`` when set).
+- fair sharing (``fairSharing`` on the queues): another queue's task may be preempted only if
+  the preemptor's queue share after admission stays at or below the victim queue's share after
+  the preemption, and strictly below its share before it (Kueue's LessThanOrEqualToFinalShare
+  then LessThanInitialShare), so admission and preemption never contradict each other.
+
+Unlike Kueue, victims are chosen on ONE node so that the preemptor really fits there: on each
+node, candidates are removed lowest priority first (most recently admitted first among equals)
+until the preemptor fits, then each removed one is put back while the preemptor still fits
+("reprieve", as in Kueue and kube-scheduler). The node whose victim set is smallest, then has
+the lowest priorities, then the most recently admitted, wins; ties go to the smallest name.
+Planning works on the live state with undo steps: it leaves the state exactly as it found it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from gputask.core.cluster import ClusterState, NodeState
+from gputask.core.model import Placement, Task, TaskKey
+from gputask.core.placement import Policy, QuotaCheck, find_placement
+from gputask.core.quota import QueueSpec, QuotaBook, Usage
+
+
+@dataclass(slots=True)
+class Victim:
+    """A running task that may be preempted: task, placement, usage, admission time (s)."""
+
+    task: Task
+    placement: Placement
+    usage: Usage
+    admitted_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Preempt ``victims`` on ``placement.node`` so ``placement`` fits the preemptor."""
+
+    placement: Placement
+    victims: tuple[Victim, ...]
+
+
+def victim_allowed(
+    preemptor: Task,
+    victim: Task,
+    *,
+    quotas: QuotaBook,
+    borrowing: bool,
+    share_ok: Callable[[Victim], bool] | None = None,
+    victim_entry: Victim | None = None,
+) -> bool:
+    """True when the queues' policies let ``preemptor`` preempt ``victim`` (see module doc).
+
+    ``borrowing`` says whether the preemptor would use more than its nominal quota;
+    ``share_ok`` is the fair-sharing rule, given when the cohort shares fairly.
+    """
+    spec = quotas.specs.get(preemptor.queue)
+    if spec is None:
+        return False
+    policy = spec.preemption
+    if victim.queue == preemptor.queue:
+        if policy.within_cluster_queue == "LowerPriority":
+            return victim.priority < preemptor.priority
+        if policy.within_cluster_queue == "LowerOrNewerEqualPriority":
+            return victim.priority < preemptor.priority or (
+                victim.priority == preemptor.priority
+                and (victim.created, victim.key) > (preemptor.created, preemptor.key)
+            )
+        return False
+    other = quotas.specs.get(victim.queue)
+    if spec.cohort is None or other is None or other.cohort != spec.cohort or not quotas.is_borrowing(victim.queue):
+        return False
+    if share_ok is not None:
+        return policy.reclaim_within_cohort != "Never" and victim_entry is not None and share_ok(victim_entry)
+    if not borrowing:
+        if policy.reclaim_within_cohort == "Any":
+            return True
+        return policy.reclaim_within_cohort == "LowerPriority" and victim.priority < preemptor.priority
+    if policy.reclaim_within_cohort == "Never" or policy.borrow_within_cohort != "LowerPriority":
+        return False
+    threshold = policy.max_priority_threshold
+    return victim.priority < preemptor.priority and (threshold is None or victim.priority <= threshold)
+
+
+def any_preemption(spec: QueueSpec) -> bool:
+    """True when the queue's policy could ever preempt something."""
+    p = spec.preemption
+    return p.within_cluster_queue != "Never" or p.reclaim_within_cohort != "Never"
+
+
+class Planner:
+    """Plans one preemption on the live cluster and quota book, undoing every trial step."""
+
+    def __init__(self, cluster: ClusterState, quotas: QuotaBook, policy: Policy) -> None:
+        self.cluster = cluster
+        self.quotas = quotas
+        self.policy = policy
+
+    @contextmanager
+    def _without(self, victims: list[Victim]) -> Iterator[None]:
+        """Temporarily release ``victims`` (GPUs and quota), restoring them on exit."""
+        for v in victims:
+            self.cluster.release(v.task.key)
+            self.quotas.charge(v.task.queue, v.usage, -1)
+        try:
+            yield
+        finally:
+            for v in reversed(victims):
+                self.cluster.force_reserve(v.task, v.placement)
+                self.quotas.charge(v.task.queue, v.usage)
+
+    def _fits(self, task: Task, state: NodeState, quota: QuotaCheck, victims: list[Victim]) -> Placement | None:
+        with self._without(victims):
+            return find_placement(self.cluster, task, self.policy, quota=quota, nodes=[state]).placement
+
+    def plan(
+        self,
+        task: Task,
+        candidates_by_node: dict[str, list[Victim]],
+        quota: QuotaCheck,
+    ) -> Plan | None:
+        """The best single-node plan for ``task`` among ``candidates_by_node``, or None."""
+        best: tuple[tuple[object, ...], Plan] | None = None
+        for name in sorted(candidates_by_node):
+            state = self.cluster.node(name)  # type: ignore[arg-type]
+            candidates = sorted(candidates_by_node[name], key=lambda v: (v.task.priority, -v.admitted_at, v.task.key))
+            if not candidates or self._fits(task, state, quota, candidates) is None:
+                continue
+            victims = self._minimal(task, state, quota, candidates)
+            placement = self._fits(task, state, quota, victims)
+            assert placement is not None
+            score = (
+                len(victims),
+                tuple(sorted((v.task.priority for v in victims), reverse=True)),
+                tuple(sorted(-v.admitted_at for v in victims)),
+                name,
+            )
+            if best is None or score < best[0]:
+                best = (score, Plan(placement, tuple(victims)))
+        return None if best is None else best[1]
+
+    def _minimal(self, task: Task, state: NodeState, quota: QuotaCheck, ordered: list[Victim]) -> list[Victim]:
+        victims: list[Victim] = []
+        for candidate in ordered:
+            victims.append(candidate)
+            if self._fits(task, state, quota, victims) is not None:
+                break
+        for candidate in reversed(list(victims)):  # reprieve: highest priority first
+            trial = [v for v in victims if v is not candidate]
+            if self._fits(task, state, quota, trial) is not None:
+                victims = trial
+        return victims
+
+
+def victim_keys(plan: Plan) -> set[TaskKey]:
+    """Keys of a plan's victims."""
+    return {v.task.key for v in plan.victims}

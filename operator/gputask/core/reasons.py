@@ -1,0 +1,132 @@
+"""Why a task waits (condition reasons and messages), and the scheduler's reports.
+
+Every wait has a reason (DESIGN.md principle 4); the message names the binding constraint:
+which quota, how many GPUs with how much free memory, which product, which queue state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gputask.core.cluster import ClusterState, NodeState
+from gputask.core.model import MILLI_PER_GPU, Task
+from gputask.core.placement import Outcome
+from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
+
+if TYPE_CHECKING:
+    from gputask.core.scheduler import Scheduler
+
+QUEUE_NOT_FOUND = "QueueNotFound"
+QUEUE_HELD = "QueueHeld"
+NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
+QUOTA_EXCEEDED = "QuotaExceeded"
+NO_FIT = "NoFit"
+PRODUCT_UNAVAILABLE = "ProductUnavailable"
+INADMISSIBLE = "Inadmissible"
+WAITING_FOR_HEAD = "StrictFIFOBlocked"
+PREEMPTING = "Preempting"
+
+Reason = tuple[str, str]
+
+
+def _unit(resource: str) -> str:
+    return "milli-GPU" if resource == GPU else "MiB"
+
+
+def need_text(task: Task) -> str:
+    """``idle``, ``12288 MiB free`` or ``25% free``: what each GPU must offer."""
+    req = task.request
+    if req.exclusive:
+        return "idle"
+    if req.memory_mib is not None:
+        return f"{req.memory_mib} MiB free"
+    return f"{(req.fraction_milli or 0) / 10:g}% free"
+
+
+def namespace_refusal(task: Task, spec: QueueSpec) -> Reason | None:
+    """NamespaceNotAllowed when the queue's namespaceSelector does not select the task's namespace."""
+    if spec.namespace_selector.matches(dict(task.namespace_labels)):
+        return None
+    return NAMESPACE_NOT_ALLOWED, f"namespace {task.namespace!r} is not selected by GPUClusterQueue {spec.name!r}"
+
+
+def min_usage(task: Task) -> dict[str, int]:
+    """The least a task can charge: exact MiB for memory requests, whole GPUs when exclusive."""
+    req = task.request
+    milli = req.count * (MILLI_PER_GPU if req.exclusive else (req.fraction_milli or 1))
+    return {GPU: milli, GPU_MEMORY: req.count * req.memory_mib if req.memory_mib is not None else 0}
+
+
+def never_fits_queue(task: Task, quotas: QuotaBook) -> Reason | None:
+    """Inadmissible when the task is bigger than its queue could ever hold (nominal + borrowable)."""
+    for resource, amount in min_usage(task).items():
+        ceiling = quotas.ceiling(task.queue, resource)
+        if ceiling is not None and amount > ceiling:
+            return INADMISSIBLE, (
+                f"needs at least {amount} {_unit(resource)} of {resource}; GPUClusterQueue "
+                f"{task.queue!r} can never hold more than {ceiling}"
+            )
+    return None
+
+
+def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterState) -> Reason:
+    """The reason a task found no placement this cycle."""
+    req = task.request
+    if not outcome.product_seen:
+        return PRODUCT_UNAVAILABLE, f"no node has a GPU of product {sorted(req.products)}"
+    if outcome.quota_resource is not None:
+        free = quotas.available(task.queue, outcome.quota_resource)
+        return QUOTA_EXCEEDED, (
+            f"quota of {outcome.quota_resource} in GPUClusterQueue {task.queue!r} has "
+            f"{free} {_unit(outcome.quota_resource)} left"
+        )
+    need = need_text(task)
+    if not any(could_ever_fit(s, task) for s in cluster.sorted_nodes()):
+        return INADMISSIBLE, f"no node has {req.count} GPU(s) that could ever be {need}"
+    return NO_FIT, f"no node has {req.count} GPU(s) {need} each"
+
+
+def could_ever_fit(state: NodeState, task: Task) -> bool:
+    """True when the node, empty, could hold the task (GPU count, product, memory, CPU)."""
+    req = task.request
+    node = state.node
+    if node.cpu_milli is not None and task.cpu_milli > node.cpu_milli:
+        return False
+    if node.memory_mib is not None and task.memory_mib > node.memory_mib:
+        return False
+    usable = [g for g in node.gpus if req.allows(g.product) and req.mib_on(g) <= g.memory_mib]
+    return len(usable) >= req.count
+
+
+def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:
+    """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
+    pending = scheduler.pending.count_by_queue()
+    admitted: dict[str, int] = {}
+    for run in scheduler.running.values():
+        admitted[run.task.queue] = admitted.get(run.task.queue, 0) + 1
+    quotas = scheduler.quotas
+    names = sorted(set(quotas.specs) | set(pending) | set(admitted))
+    return {
+        n: {
+            "usage": {r: quotas.usage.get(n, {}).get(r, 0) for r in (GPU, GPU_MEMORY)},
+            "borrowed": quotas.borrowed(n),
+            "pending": pending.get(n, 0),
+            "admitted": admitted.get(n, 0),
+        }
+        for n in names
+    }
+
+
+def violations(scheduler: Scheduler) -> list[str]:
+    """Broken invariants: GPU over-commit, quota beyond the queue's ceiling, a task in two states."""
+    out = scheduler.cluster.violations()
+    quotas = scheduler.quotas
+    for name in quotas.specs:
+        used = quotas.usage.get(name, {})
+        for resource in quotas.specs[name].quotas:
+            ceiling = quotas.ceiling(name, resource)
+            if ceiling is not None and used.get(resource, 0) > ceiling:
+                out.append(f"queue {name}: {resource} usage {used.get(resource, 0)} > {ceiling}")
+    both = (set(scheduler.running) | set(scheduler.nominated)) & {t.key for t in scheduler.pending}
+    out.extend(f"task {key} is both pending and placed" for key in sorted(both))
+    return out
