@@ -13,7 +13,7 @@ Who may be preempted (Kueue documentation, "Cluster Queue" > Preemption):
   then LessThanInitialShare), so admission and preemption never contradict each other.
 
 Unlike Kueue, victims are chosen on ONE node so that the preemptor really fits there: on each
-node, candidates are removed lowest priority first (most recently admitted first among equals)
+node, candidates are removed lowest priority first (most recently admitted, then newest, first)
 until the preemptor fits, then each removed one is put back while the preemptor still fits
 ("reprieve", as in Kueue and kube-scheduler). The node whose victim set is smallest, then has
 the lowest priorities, then the most recently admitted, wins; ties go to the smallest name.
@@ -133,7 +133,7 @@ class Planner:
         best: tuple[tuple[object, ...], Plan] | None = None
         for name in sorted(candidates_by_node):
             state = self.cluster.node(name)  # type: ignore[arg-type]
-            candidates = sorted(candidates_by_node[name], key=lambda v: (v.task.priority, -v.admitted_at, v.task.key))
+            candidates = sorted(candidates_by_node[name], key=_removal_order)
             if not candidates or self._fits(task, state, quota, candidates) is None:
                 continue
             victims = self._minimal(task, state, quota, candidates)
@@ -160,6 +160,11 @@ class Planner:
             if self._fits(task, state, quota, trial) is not None:
                 victims = trial
         return victims
+
+
+def _removal_order(victim: Victim) -> tuple[object, ...]:
+    """Lowest priority first; among equals the most recently admitted, then the newest task."""
+    return (victim.task.priority, -victim.admitted_at, -victim.task.created, victim.task.key)
 
 
 def victim_keys(plan: Plan) -> set[TaskKey]:

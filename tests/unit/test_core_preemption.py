@@ -1,0 +1,274 @@
+"""Preemption: Kueue's policies at GPU granularity, victims on one node, reprieve, nomination."""
+
+from __future__ import annotations
+
+import pytest
+from test_core_scheduler import GIB, node, placed, task
+
+from gputask.core import (
+    GPU,
+    Admit,
+    Pending,
+    Preemption,
+    QueueSpec,
+    ResourceQuota,
+    Scheduler,
+    Task,
+    TaskKey,
+)
+from gputask.core.scheduler import Evict
+
+
+def cq(
+    name: str = "q",
+    *,
+    cohort: str | None = None,
+    gpus: int | None = None,
+    borrowing: int | None = None,
+    lending: int | None = None,
+    within: str = "Never",
+    reclaim: str = "Never",
+    borrow: str = "Never",
+    threshold: int | None = None,
+    weight: int | None = None,
+) -> QueueSpec:
+    """A queue with an nvidia.com/gpu quota (in whole GPUs) and a preemption policy."""
+    quotas = {}
+    if gpus is not None:
+        quotas[GPU] = ResourceQuota(
+            gpus * 1000,
+            None if borrowing is None else borrowing * 1000,
+            None if lending is None else lending * 1000,
+        )
+    return QueueSpec(
+        name,
+        cohort=cohort,
+        quotas=quotas,
+        preemption=Preemption(within, reclaim, borrow, threshold),
+        fair_sharing_weight_milli=weight,
+    )
+
+
+def running(s: Scheduler, *tasks: Task, at: float = 0.0) -> None:
+    """Submit and admit ``tasks`` in order (each must be admitted), at time ``at``."""
+    for t in tasks:
+        s.submit(t)
+    decisions = s.cycle(at)
+    assert [type(d).__name__ for d in decisions] == ["Admit"] * len(tasks)
+
+
+def preempted(victim: Task, where: tuple[str, int, int], by: Task) -> Evict:
+    """The Evict decision for ``victim`` preempted by ``by`` (priority and queue from ``by``)."""
+    node_name, index, mib = where
+    message = f"preempted by {by.key} (priority {by.priority}) in GPUClusterQueue {by.queue!r}"
+    return Evict(victim, placed(node_name, (index, mib)), "Preempted", message, by=by.key)
+
+
+def whole(name: str, priority: int = 0, queue: str = "q", created: float = 0.0) -> Task:
+    """A one-whole-GPU task."""
+    return task(name, priority=priority, queue=queue, created=created)
+
+
+W = 24 * GIB  # a whole 24Gi GPU in MiB
+
+
+@pytest.mark.parametrize(
+    ("policy", "victim_priority", "victim_created", "expected"),
+    [
+        ("Never", -1, 0.0, False),
+        ("LowerPriority", -1, 0.0, True),
+        ("LowerPriority", 0, 5.0, False),
+        ("LowerOrNewerEqualPriority", 0, 5.0, True),
+        ("LowerOrNewerEqualPriority", 0, -5.0, False),
+        ("LowerOrNewerEqualPriority", 1, 5.0, False),
+    ],
+)
+def test_within_cluster_queue_policies(
+    policy: str, victim_priority: int, victim_created: float, expected: bool
+) -> None:
+    """withinClusterQueue decides which same-queue tasks a priority-0 task created at 0 may preempt."""
+    s = Scheduler(nodes=[node("a", 24)])
+    s.set_queue(cq(within=policy))
+    victim = whole("victim", victim_priority, created=victim_created)
+    running(s, victim)
+    pre = whole("pre", 0)
+    s.submit(pre)
+    decisions = s.cycle(1.0)
+    if expected:
+        assert decisions == [
+            preempted(victim, ("a", 0, W), pre),
+            Pending(pre, "Preempting", "preempting ns/victim on a"),
+        ]
+    else:
+        assert decisions == [Pending(pre, "NoFit", "no node has 1 GPU(s) idle each")]
+
+
+def test_preemptor_is_admitted_on_the_freed_gpu_only_after_its_victim_is_gone() -> None:
+    """The freed GPU is held for the preemptor: the requeued victim cannot take it back, and admission waits."""
+    s = Scheduler(nodes=[node("a", 24)])
+    s.set_queue(cq(within="LowerPriority"))
+    low = whole("low", -1)
+    running(s, low)
+    high = whole("high", 5)
+    s.submit(high)
+    s.cycle(1.0)
+    waiting = s.cycle(2.0)
+    s.victim_gone(low.key)
+    after = s.cycle(3.0)
+    assert (waiting, after) == (
+        [Pending(low, "NoFit", "no node has 1 GPU(s) idle each")],
+        [Admit(high, placed("a", (0, W)), {GPU: 1000, "gputask.io/gpu-memory": W})],
+    )
+    assert s.violations() == []
+
+
+def test_victims_are_chosen_on_one_node_fewest_first() -> None:
+    """A 2-GPU preemptor evicts the two tasks of one node rather than one task on each of two nodes."""
+    s = Scheduler(nodes=[node("a", 24, 24), node("b", 24, 24)])
+    s.set_queue(cq(within="LowerPriority"))
+    a1, b1, b2 = whole("a1", 1, created=1), whole("b1", 1, created=2), whole("b2", 1, created=3)
+    a_busy = task("a-busy", priority=9, created=0)
+    running(s, a_busy, a1, b1, b2)
+    pre = task("pre", count=2, priority=5)
+    s.submit(pre)
+    decisions = s.cycle(1.0)
+    assert decisions == [
+        preempted(b2, ("b", 1, W), pre),
+        preempted(b1, ("b", 0, W), pre),
+        Pending(pre, "Preempting", "preempting ns/b1, ns/b2 on b"),
+    ]
+
+
+def test_lowest_priority_then_most_recent_victim_and_reprieve() -> None:
+    """Of three candidates on one GPU-full node, the single lowest-priority most-recent one goes; others are reprieved."""
+    s = Scheduler(nodes=[node("a", 24)])
+    s.set_queue(cq(within="LowerPriority"))
+    old = task("old", memory_gib=8, priority=1, created=1)
+    new = task("new", memory_gib=8, priority=1, created=2)
+    vip = task("vip", memory_gib=8, priority=3, created=3)
+    running(s, old, vip)
+    running(s, new, at=10.0)
+    pre = task("pre", memory_gib=8, priority=5)
+    s.submit(pre)
+    assert s.cycle(11.0) == [
+        Evict(
+            new,
+            placed("a", (0, 8 * GIB)),
+            "Preempted",
+            "preempted by ns/pre (priority 5) in GPUClusterQueue 'q'",
+            by=TaskKey("ns/pre"),
+        ),
+        Pending(pre, "Preempting", "preempting ns/new on a"),
+    ]
+
+
+def test_reclaim_within_cohort_takes_back_lent_quota() -> None:
+    """A queue within its nominal quota reclaims from a borrowing queue of its cohort (Any), not from a non-borrower."""
+    s = Scheduler(nodes=[node("a", 24, 24)])
+    s.set_queue(cq("team-a", cohort="org", gpus=1, reclaim="Any"))
+    s.set_queue(cq("team-b", cohort="org", gpus=1))
+    b1 = whole("b1", 9, queue="team-b", created=1)
+    b2 = whole("b2", 9, queue="team-b", created=2)
+    running(s, b1, b2)
+    mine = whole("mine", 0, queue="team-a")
+    s.submit(mine)
+    assert s.cycle(1.0) == [
+        Evict(
+            b2,
+            placed("a", (1, W)),
+            "Preempted",
+            "preempted by ns/mine (priority 0) in GPUClusterQueue 'team-a'",
+            by=mine.key,
+        ),
+        Pending(mine, "Preempting", "preempting ns/b2 on a"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reclaim", "victim_priority", "expected"),
+    [("Never", -1, False), ("LowerPriority", -1, True), ("LowerPriority", 0, False), ("Any", 5, True)],
+)
+def test_reclaim_within_cohort_policies(reclaim: str, victim_priority: int, expected: bool) -> None:
+    """reclaimWithinCohort: Never, LowerPriority (strictly lower), Any (any priority) against a borrowing queue."""
+    s = Scheduler(nodes=[node("a", 24, 24)])
+    s.set_queue(cq("team-a", cohort="org", gpus=1, reclaim=reclaim))
+    s.set_queue(cq("team-b", cohort="org", gpus=1))
+    running(s, whole("b1", victim_priority, "team-b", 1), whole("b2", victim_priority, "team-b", 2))
+    s.submit(whole("mine", 0, "team-a"))
+    kinds = [type(d).__name__ for d in s.cycle(1.0)]
+    assert kinds == (["Evict", "Pending"] if expected else ["Pending"])
+
+
+@pytest.mark.parametrize(
+    ("borrow", "threshold", "victim_priority", "expected"),
+    [
+        ("Never", None, -1, False),
+        ("LowerPriority", None, -1, True),
+        ("LowerPriority", None, 0, False),
+        ("LowerPriority", -5, -1, False),
+        ("LowerPriority", -1, -1, True),
+    ],
+)
+def test_borrow_within_cohort_policies(
+    borrow: str, threshold: int | None, victim_priority: int, expected: bool
+) -> None:
+    """borrowWithinCohort lets a borrowing preemptor take lower-priority work (at most maxPriorityThreshold)."""
+    s = Scheduler(nodes=[node("a", 24, 24, 24)])
+    s.set_queue(cq("team-a", cohort="org", gpus=1, reclaim="LowerPriority", borrow=borrow, threshold=threshold))
+    s.set_queue(cq("team-b", cohort="org", gpus=1))
+    s.set_queue(cq("team-c", cohort="org", gpus=1))  # lends its GPU to team-b
+    running(s, whole("a1", 9, "team-a", 0))
+    running(s, whole("b1", victim_priority, "team-b", 1), whole("b2", victim_priority, "team-b", 2))
+    s.submit(whole("mine", 0, "team-a", 3))
+    kinds = [type(d).__name__ for d in s.cycle(1.0)]
+    assert kinds == (["Evict", "Pending"] if expected else ["Pending"])
+
+
+def test_a_task_bigger_than_its_queue_is_inadmissible_and_evicts_nobody() -> None:
+    """A 2-GPU task in a 1-GPU queue without cohort is Inadmissible and never preempts."""
+    s = Scheduler(nodes=[node("a", 24, 24)])
+    s.set_queue(cq(gpus=1, within="LowerPriority"))
+    running(s, whole("low", -5))
+    huge = task("huge", count=2, priority=100)
+    s.submit(huge)
+    assert s.cycle(1.0) == [
+        Pending(
+            huge,
+            "Inadmissible",
+            "needs at least 2000 milli-GPU of nvidia.com/gpu; GPUClusterQueue 'q' can never hold more than 1000",
+        )
+    ]
+
+
+def test_fair_sharing_preempts_only_toward_equal_shares() -> None:
+    """With fairSharing, a queue under its share reclaims from the heavier borrower, never the reverse."""
+    s = Scheduler(nodes=[node("a", 24, 24, 24, 24)])
+    s.set_queue(cq("team-a", cohort="org", gpus=2, reclaim="Any", weight=1000))
+    s.set_queue(cq("team-b", cohort="org", gpus=2, reclaim="Any", weight=1000))
+    b = [whole(f"b{i}", 0, "team-b", i) for i in range(4)]
+    running(s, *b)
+    a1 = whole("a1", 0, "team-a", 10)
+    s.submit(a1)
+    first = s.cycle(1.0)
+    s.victim_gone(b[3].key)
+    second = s.cycle(2.0)
+    assert [type(d).__name__ for d in first] == ["Evict", "Pending"]
+    assert [d for d in second if isinstance(d, Admit)] == [
+        Admit(a1, placed("a", (3, W)), {GPU: 1000, "gputask.io/gpu-memory": W})
+    ]
+    # b3 is requeued; team-b's share would rise above team-a's again: it must not preempt back.
+    assert s.cycle(3.0) == []
+    assert s.violations() == []
+
+
+def test_hold_and_drain_evicts_admitted_work() -> None:
+    """stopPolicy HoldAndDrain evicts the queue's running tasks (reason QueueDrained) and admits nothing."""
+    s = Scheduler(nodes=[node("a", 24)])
+    s.set_queue(cq())
+    t = whole("t")
+    running(s, t)
+    s.set_queue(QueueSpec("q", stop_policy="HoldAndDrain"))
+    assert s.cycle(1.0) == [
+        Evict(t, placed("a", (0, W)), "QueueDrained", "GPUClusterQueue 'q' is draining"),
+        Pending(t, "QueueHeld", "GPUClusterQueue 'q' is stopped (HoldAndDrain)"),
+    ]
