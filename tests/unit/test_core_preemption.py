@@ -140,7 +140,7 @@ def test_victims_are_chosen_on_one_node_fewest_first() -> None:
 
 
 def test_lowest_priority_then_most_recent_victim_and_reprieve() -> None:
-    """Of three candidates on one GPU-full node, the single lowest-priority most-recent one goes; others are reprieved."""
+    """Of three candidates on a full GPU, only the lowest-priority most-recent one goes; the rest are reprieved."""
     s = Scheduler(nodes=[node("a", 24)])
     s.set_queue(cq(within="LowerPriority"))
     old = task("old", memory_gib=8, priority=1, created=1)
