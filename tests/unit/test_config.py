@@ -46,19 +46,21 @@ def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
 
 
 def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
-    """ "2m" is 120 s, "500ms" is 0.5 s, 30 is 30 s; the other fields are read as written."""
+    """A duration of "2m" is 120 s, "500ms" is 0.5 s and 30 is 30 s; other fields are read as written."""
     text = (
         "apiVersion: gputask.io/v1alpha1\nkind: Configuration\nnodeFailureGracePeriod: 2m\n"
         "cycleInterval: 500ms\nheartbeatStaleAfter: 30\npolicy: firstfit\nqueueing: kueue\nnamespace: ml\n"
     )
-    assert load(tmp_path, text) == Config(
-        node_failure_grace_period_s=120.0,
-        heartbeat_stale_after_s=30.0,
-        cycle_interval_s=0.5,
-        policy="firstfit",
-        queueing="kueue",
-        namespace="ml",
-    )
+    assert load(tmp_path, text).public() == {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "Configuration",
+        "nodeFailureGracePeriod": 120.0,
+        "heartbeatStaleAfter": 30.0,
+        "cycleInterval": 0.5,
+        "policy": "firstfit",
+        "queueing": "kueue",
+        "namespace": "ml",
+    }
 
 
 def test_parse_duration_reads_every_documented_form() -> None:
