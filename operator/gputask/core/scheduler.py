@@ -14,9 +14,17 @@ gone (:meth:`Scheduler.victim_gone`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState, NodeState
+from gputask.core.failures import (
+    GPU_FAILURE,
+    MAX_RESCHEDULES_EXCEEDED,
+    NODE_FAILURE,
+    FailureNotice,
+    FailureTracker,
+    tasks_on_bad_gpus,
+)
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
 from gputask.core.placement import DEFAULT_POLICY, Policy, QuotaCheck, find_placement, make_policy
 from gputask.core.preemption import Planner, Victim, any_preemption, victim_allowed
@@ -68,7 +76,16 @@ class Evict:
     by: TaskKey | None = None
 
 
-Decision = Admit | Pending | Evict
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """``task`` failed for good (e.g. MaxReschedulesExceeded); it is no longer queued."""
+
+    task: Task
+    reason: str
+    message: str
+
+
+Decision = Admit | Pending | Evict | Fail
 
 
 @dataclass(slots=True)
@@ -101,14 +118,21 @@ class Scheduler:
     Deterministic: the same calls in the same order give the same decisions.
     """
 
-    def __init__(self, *, policy: Policy | None = None, nodes: Iterable[Node] = ()) -> None:
+    def __init__(
+        self, *, policy: Policy | None = None, nodes: Iterable[Node] = (), node_failure_grace_s: float = 60.0
+    ) -> None:
         self.policy = policy or make_policy(DEFAULT_POLICY)
-        self.cluster = ClusterState(nodes)
+        self.cluster = ClusterState()
+        self.failures = FailureTracker(node_failure_grace_s)
+        self.not_ready: set[NodeName] = set()
+        self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         self.quotas = QuotaBook()
         self.pending = QueueManager()
         self.running: dict[TaskKey, _Running] = {}
         self.nominated: dict[TaskKey, _Nominated] = {}
         self.reasons: dict[TaskKey, tuple[str, str]] = {}
+        for node in nodes:
+            self.set_node(node)
 
     # -- inputs ---------------------------------------------------------------------------
     def set_queue(self, spec: QueueSpec) -> None:
@@ -120,12 +144,47 @@ class Scheduler:
         self.quotas.remove_queue(name)
 
     def set_node(self, node: Node) -> list[TaskKey]:
-        """Add or update a node; returns running tasks whose GPUs vanished."""
-        return self.cluster.set_node(node)
+        """Add or update a node; tasks on GPUs now unhealthy or gone are queued for GPUFailure.
+
+        A node reported NotReady (:meth:`node_ready`) stays unschedulable whatever ``node`` says.
+        Returns the keys of the tasks queued for eviction.
+        """
+        if node.name in self.not_ready and node.schedulable:
+            node = replace(node, schedulable=False)
+        self.cluster.set_node(node)
+        lost = tasks_on_bad_gpus(self.cluster.node(node.name))
+        self.failures.notify(lost, GPU_FAILURE, f"a GPU of node {node.name} failed or disappeared")
+        return lost
 
     def remove_node(self, name: NodeName) -> list[TaskKey]:
-        """Remove a node; returns the running tasks that were placed on it."""
-        return self.cluster.remove_node(name)
+        """A node is deleted: its tasks are queued for eviction (NodeFailure) and it is forgotten."""
+        lost = sorted(self.cluster.node(name).tasks) if self.cluster.has_node(name) else []
+        self.failures.notify(lost, NODE_FAILURE, f"node {name} was deleted")
+        self._carry.extend(self._evict_failed(self.failures.take()))  # release before the node goes
+        self.cluster.remove_node(name)
+        self.failures.node_up(name)
+        self.not_ready.discard(name)
+        return lost
+
+    def node_ready(self, name: NodeName, ready: bool, now: float) -> None:
+        """Report a node's readiness at ``now``: NotReady stops new work at once and evicts
+        its tasks after the grace period; Ready in time changes nothing."""
+        if ready:
+            self.not_ready.discard(name)
+            self.failures.node_up(name)
+        else:
+            self.not_ready.add(name)
+            self.failures.node_down(name, now)
+        if self.cluster.has_node(name):
+            state = self.cluster.node(name)
+            self.set_node(replace(state.node, schedulable=ready))
+
+    def node_failed(self, name: NodeName, why: str) -> list[TaskKey]:
+        """Fail a node at once (out-of-service taint): queue its tasks for NodeFailure eviction."""
+        self.node_ready(name, False, float("-inf"))
+        lost = sorted(self.cluster.node(name).tasks) if self.cluster.has_node(name) else []
+        self.failures.notify(lost, NODE_FAILURE, f"node {name} failed: {why}")
+        return lost
 
     def submit(self, task: Task) -> None:
         """Queue a task (or replace its pending version). Running tasks are left alone."""
@@ -134,13 +193,27 @@ class Scheduler:
 
     def restore(self, task: Task, placement: Placement, admitted_at: float = 0.0) -> None:
         """Record a task already running with ``placement`` (after a restart): never refused."""
-        if task.key in self.running or not self.cluster.has_node(placement.node):
+        if task.key in self.running:
+            return
+        if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
+            self.running[task.key] = _Running(task, placement, {}, admitted_at)
+            self.failures.notify([task.key], NODE_FAILURE, f"node {placement.node} is not known any more")
+            self._carry.extend(self._evict_failed(self.failures.take()))
             return
         self.pending.discard(task.key)
         self.cluster.force_reserve(task, placement)
         usage = self._usage(placement)
         self.quotas.charge(task.queue, usage)
         self.running[task.key] = _Running(task, placement, usage, admitted_at)
+
+    def set_reschedules(self, key: TaskKey, count: int) -> None:
+        """Restore how many failure evictions a task has had (from its status, after a restart)."""
+        if count > 0:
+            self.failures.counts[key] = count
+
+    def reschedules(self, key: TaskKey) -> int:
+        """Failure evictions of ``key`` so far."""
+        return self.failures.counts.get(key, 0)
 
     def finish(self, key: TaskKey) -> Placement | None:
         """Forget a task (finished, deleted or evicted): release GPUs and quota."""
@@ -187,6 +260,7 @@ class Scheduler:
     def cycle(self, now: float = 0.0) -> list[Decision]:
         """Run one scheduling cycle at time ``now`` (seconds); returns decisions in order.
 
+        0. evict tasks on failed GPUs and on nodes down past the grace period;
         1. admit nominated preemptors whose victims are gone;
         2. drain queues with stopPolicy HoldAndDrain;
         3. take pending tasks in order (fair share across a cohort, then priority, creation);
@@ -195,7 +269,9 @@ class Scheduler:
         6. else plan a preemption on one node; 7. admit, nominate, or record why it waits.
         """
         memo = _CycleMemo()
-        decisions: list[Decision] = self._admit_nominated(now)
+        decisions, self._carry = self._carry, []
+        decisions += self._failure_evictions(now)
+        decisions += self._admit_nominated(now)
         decisions += self._drain()
         for task in self._ordered():
             if task.key not in self.pending:
@@ -207,6 +283,33 @@ class Scheduler:
                     self.reasons[task.key] = (decision.reason, decision.message)
                     decisions.append(decision)
         return decisions
+
+    def _failure_evictions(self, now: float) -> list[Decision]:
+        for name in self.failures.expired(now):
+            if self.cluster.has_node(name):
+                lost = sorted(self.cluster.node(name).tasks)
+                grace = self.failures.grace_s
+                self.failures.notify(lost, NODE_FAILURE, f"node {name} NotReady for more than {grace:g}s")
+        return self._evict_failed(self.failures.take())
+
+    def _evict_failed(self, notices: Iterable[FailureNotice]) -> list[Decision]:
+        out: list[Decision] = []
+        for notice in notices:
+            held = self.running.get(notice.key) or self.nominated.get(notice.key)
+            if held is None:
+                continue
+            count = self.failures.counts[notice.key] = self.failures.counts.get(notice.key, 0) + 1
+            out.append(Evict(held.task, held.placement, notice.reason, notice.message))
+            if count > held.task.max_reschedules:
+                self.finish(notice.key)
+                limit = held.task.max_reschedules
+                out.append(
+                    Fail(held.task, MAX_RESCHEDULES_EXCEEDED, f"{notice.message}; rescheduled {limit} times already")
+                )
+            else:
+                self.finish(notice.key)
+                self.pending.push(held.task)
+        return out
 
     def _admit_nominated(self, now: float) -> list[Decision]:
         out: list[Decision] = []
