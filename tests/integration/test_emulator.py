@@ -45,8 +45,7 @@ async def server() -> AsyncIterator[EmulatorServer]:
 
 @pytest.fixture
 async def api(server: EmulatorServer) -> AsyncIterator[aiohttp.ClientSession]:
-    # No keep-alive: kopf waits 5 s at exit for tasks started after it, incl. server connections.
-    async with aiohttp.ClientSession(server.url, connector=aiohttp.TCPConnector(force_close=True)) as session:
+    async with aiohttp.ClientSession(server.url) as session:
         yield session
 
 

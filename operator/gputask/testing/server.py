@@ -10,9 +10,9 @@ Usage from a plain script (the demo)::
 
     asyncio.run(main())
 
-When kopf runs in the same event loop as the server, give the loop's other clients of the
-emulator no keep-alive (``aiohttp.TCPConnector(force_close=True)``): at exit, kopf waits up to
-5 s for every task started after it, and the server's per-connection tasks are such tasks.
+Connections are not kept alive by default (every response says ``Connection: close``): when
+kopf runs in the same event loop as the server, it waits up to 5 s at exit for every task started
+after it, and an idle keep-alive connection's server task is such a task.
 
 Usage from pytest (pytest-asyncio, function-scoped event loop)::
 
@@ -51,12 +51,12 @@ class EmulatorServer:
     watch streams first, so that clients (kopf) and the server shut down promptly.
     """
 
-    def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, emulator: GpuTaskEmulator | None = None
-    ) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
+                 emulator: GpuTaskEmulator | None = None, keep_alive: bool = False) -> None:
         """Prepare (not start) a server; pass ``emulator`` to serve a pre-populated one."""
         self.host = host
         self.port = port
+        self.keep_alive = keep_alive
         self.emulator = emulator if emulator is not None else GpuTaskEmulator()
         self._runner: aiohttp.web.ServerRunner | None = None
 
@@ -70,7 +70,7 @@ class EmulatorServer:
     async def __aenter__(self) -> EmulatorServer:
         """Start serving; return self."""
         await self.emulator.__aenter__()
-        web_server = aiohttp.web.Server(self.emulator, handler_cancellation=True)
+        web_server = aiohttp.web.Server(self._serve, handler_cancellation=True)
         runner = aiohttp.web.ServerRunner(web_server, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -92,6 +92,12 @@ class EmulatorServer:
             await self._runner.cleanup()
             self._runner = None
         await self.emulator.__aexit__(exc_type, exc, tb)
+
+    async def _serve(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        response = await self.emulator(raw_request)
+        if not self.keep_alive and not response.prepared:  # watch streams end their connection
+            response.force_close()
+        return response
 
     def install_crds_from(self, directory: str | Path) -> list[str]:
         """Install every CustomResourceDefinition in the directory's YAML files; return their names."""
