@@ -21,6 +21,7 @@ from gputask.k8s.client import (
     NODES,
     KubeClient,
 )
+from gputask.k8s.executor import now_rfc3339
 from gputask.k8s.handlers import Operator
 from gputask.k8s.main import build_operator, run_operator
 from gputask.testing import EmulatorServer
@@ -52,7 +53,7 @@ def gpunode(name: str, *gpus: tuple[str, str, str]) -> dict[str, Any]:
                 {"index": i, "uuid": u, "product": p, "memory": m, "memoryUsed": "0", "healthy": True}
                 for i, (u, p, m) in enumerate(gpus)
             ],
-            "heartbeatTime": "2026-11-29T00:00:00Z",
+            "heartbeatTime": now_rfc3339(),
         },
     }
 

@@ -34,6 +34,7 @@ from gputask.k8s.client import (
     Resource,
     load_api_client,
 )
+from gputask.k8s.executor import now_rfc3339
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, parse_placement
 from gputask.k8s.main import build_operator, run_operator
 
@@ -77,7 +78,18 @@ async def apply(client: KubeClient, obj: Mapping[str, Any]) -> None:
     except AlreadyExists:
         await client.patch(res, meta["name"], body, namespace)
     if "status" in obj:
-        await client.patch(res, meta["name"], {"status": obj["status"]}, namespace, status=True)
+        status = dict(obj["status"])
+        if res is GPUNODES:  # stands in for the agent: a fresh heartbeat, or the node counts as failed
+            status["heartbeatTime"] = now_rfc3339()
+        await client.patch(res, meta["name"], {"status": status}, namespace, status=True)
+
+
+async def keep_heartbeats(client: KubeClient, names: list[str], interval_s: float = 20.0) -> None:
+    """Refresh the simulated GPUNodes' heartbeat like an agent would, until cancelled."""
+    while True:
+        await asyncio.sleep(interval_s)
+        for name in names:
+            await client.patch(GPUNODES, name, {"status": {"heartbeatTime": now_rfc3339()}}, status=True)
 
 
 async def wait_for_jobs(client: KubeClient, timeout_s: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -104,7 +116,8 @@ def jobs_table(tasks: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Table
     for task in sorted(tasks, key=lambda t: (t["metadata"].get("namespace", ""), t["metadata"]["name"])):
         name = f"{task['metadata'].get('namespace', 'default')}/{task['metadata']['name']}"
         job = by_uid.get(task["metadata"].get("uid"))
-        placement = parse_placement(((job or {}).get("metadata", {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION))
+        annotations = ((job or {}).get("metadata") or {}).get("annotations") or {}
+        placement = parse_placement(annotations.get(PLACEMENT_ANNOTATION))
         if job is None or placement is None:
             status = task.get("status") or {}
             table.add_row(name, "-", "-", "-", f"({status.get('phase', 'Pending')}: {status.get('message', '')})")
@@ -137,8 +150,11 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
         stop = asyncio.Event()
         runner = asyncio.create_task(run_operator(operator, stop_flag=stop))
         examples = sorted(project_dir("examples").glob("*.yaml"))
-        for obj in load_manifests(examples):
+        manifests = load_manifests(examples)
+        for obj in manifests:
             await apply(client, obj)
+        gpunodes = [o["metadata"]["name"] for o in manifests if o.get("kind") == "GPUNode"]
+        heartbeats = asyncio.create_task(keep_heartbeats(client, gpunodes))
         console.print(f"applied {', '.join(p.name for p in examples)}")
         tasks, jobs = await wait_for_jobs(client, timeout_s)
         console.print(jobs_table(tasks, jobs))
@@ -152,6 +168,7 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
             )
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.Event().wait()
+        heartbeats.cancel()
         stop.set()
         with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
             await asyncio.wait_for(runner, timeout=10)

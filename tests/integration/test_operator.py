@@ -113,6 +113,7 @@ async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster
         ],
         "placement": {"node": "node-a", "gpus": [{"index": 0, "uuid": "GPU-t4-0", "memory": 12288}]},
         "attempt": 1,
+        "reschedules": 0,
         "jobName": "train-1",
         "priority": 0,
         "message": message,

@@ -71,6 +71,7 @@ EVENTS = Resource("", "v1", "events")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
 PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False)
+WORKLOADPRIORITYCLASSES = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False)
 
 
 def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
@@ -163,13 +164,14 @@ class KubeClient:
 
     async def delete(
         self, res: Resource, name: str, namespace: str | None = None, *, propagation: str = "Background"
-    ) -> None:
-        """DELETE an object with the given propagation policy; a missing object is not an error."""
+    ) -> bool:
+        """DELETE an object with the given propagation policy; False when it did not exist."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         try:
             await self._call("DELETE", res.path(namespace, name), body=body)
         except NotFound:
-            return
+            return False
+        return True
 
     async def close(self) -> None:
         """Release the connection pool."""

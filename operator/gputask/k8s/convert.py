@@ -123,11 +123,14 @@ def task_from_manifest(
     obj: Mapping[str, Any],
     *,
     priority_of: Callable[[str], int | None] = lambda _name: None,
+    workload_priority_of: Callable[[str], int | None] | None = None,
     namespace_labels: Mapping[str, str] | None = None,
 ) -> Task:
     """Core Task of a GPUTask object (dict with metadata and spec).
 
-    ``priority_of`` resolves a PriorityClass (or WorkloadPriorityClass) name to its value,
+    ``priority_of`` resolves ``spec.priorityClassName`` (a PriorityClass) to its value;
+    ``workload_priority_of`` resolves the label ``kueue.x-k8s.io/priority-class`` (a Kueue
+    WorkloadPriorityClass; when not given, ``priority_of`` is used for the label too),
     None when it does not exist. Raises InvalidTaskError with reason InvalidSpec,
     MissingQueueName or PriorityClassNotFound.
     """
@@ -141,10 +144,14 @@ def task_from_manifest(
     queue = spec.get("queueName") or labels.get(QUEUE_LABEL)
     if not isinstance(queue, str) or not queue:
         raise InvalidTaskError("MissingQueueName", f"set spec.queueName or the label {QUEUE_LABEL}")
-    class_name = spec.get("priorityClassName") or labels.get(PRIORITY_LABEL)
+    class_name = spec.get("priorityClassName")
+    resolve = priority_of
+    if not class_name and labels.get(PRIORITY_LABEL):
+        class_name = labels[PRIORITY_LABEL]
+        resolve = workload_priority_of or priority_of
     priority = 0
     if class_name:
-        found = priority_of(str(class_name))
+        found = resolve(str(class_name))
         if found is None:
             raise InvalidTaskError("PriorityClassNotFound", f"priority class {class_name!r} does not exist")
         priority = found

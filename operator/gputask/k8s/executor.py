@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
+from gputask.core.scheduler import Evict, Fail
 from gputask.k8s.client import EVENTS, GPUTASKS, JOBS, AlreadyExists, ApiError, KubeClient
 from gputask.k8s.controller import ADMITTED, FAILED, PENDING, Controller, TaskRecord
 from gputask.k8s.jobs import build_job, job_name
@@ -81,6 +82,10 @@ class Executor:
                 await self.admit(decision)
             elif isinstance(decision, Pending):
                 await self.pending(decision)
+            elif isinstance(decision, Evict):
+                await self.evict(decision)
+            elif isinstance(decision, Fail):
+                await self.fail(decision)
 
     async def admit(self, decision: Admit) -> None:
         """Create the Job of an admission, then record it in the task's status."""
@@ -120,6 +125,44 @@ class Executor:
         await self.patch_status(record, message=decision.message)
         await self.event(record, "Normal", decision.reason, decision.message)
 
+    async def evict(self, decision: Evict) -> None:
+        """Delete an evicted task's Job and record the eviction; the task is already requeued.
+
+        Preemption deletes in the foreground, so the Job disappears only after its pods have
+        and the preemptor is admitted only then; failures delete in the background (the node
+        may never answer).
+        """
+        key = decision.task.key
+        if key.endswith("#terminating"):
+            return
+        record = self.controller.tasks.get(key)
+        if record is None:
+            return
+        propagation = "Foreground" if decision.reason == "Preempted" else "Background"
+        gone = await self.delete_job(record, propagation=propagation)
+        if gone:
+            self.controller.scheduler.victim_gone(key)
+        if decision.reason in ("NodeFailure", "GPUFailure"):
+            record.reschedules += 1
+        record.phase, record.placement = PENDING, None
+        set_condition(record, "Evicted", True, decision.reason, decision.message)
+        set_condition(record, "Requeued", True, decision.reason, f"requeued after {decision.reason}")
+        set_condition(record, "Admitted", False, decision.reason, decision.message)
+        set_condition(record, "QuotaReserved", False, decision.reason, decision.message)
+        await self.patch_status(record, message=decision.message)
+        await self.event(record, "Warning", decision.reason, decision.message)
+
+    async def fail(self, decision: Fail) -> None:
+        """A task failed for good (MaxReschedulesExceeded): phase Failed, condition, Warning Event."""
+        record = self.controller.tasks.get(decision.task.key)
+        if record is None:
+            return
+        record.phase = FAILED
+        set_condition(record, "Finished", True, decision.reason, decision.message)
+        set_condition(record, "Requeued", False, decision.reason, decision.message)
+        await self.patch_status(record, message=decision.message)
+        await self.event(record, "Warning", decision.reason, decision.message)
+
     async def invalid(self, record: TaskRecord) -> None:
         """Report an invalid spec: phase Failed, condition Admitted=False with the reason, a Warning Event."""
         assert record.invalid is not None
@@ -136,16 +179,17 @@ class Executor:
         await self.patch_status(record, message=message)
         await self.event(record, "Normal" if outcome == "Succeeded" else "Warning", outcome, message)
 
-    async def delete_job(self, record: TaskRecord) -> None:
-        """Delete a task's Job; Foreground so the Job (and our hold on the GPUs) outlives its pods."""
+    async def delete_job(self, record: TaskRecord, *, propagation: str = "Foreground") -> bool:
+        """Delete a task's current Job; True when it was already gone."""
         if record.job_name is None:
-            return
+            return True
         namespace = record.obj["metadata"].get("namespace") or "default"
         try:
-            await self.client.delete(JOBS, record.job_name, namespace, propagation="Foreground")
+            return not await self.client.delete(JOBS, record.job_name, namespace, propagation=propagation)
         except ApiError as exc:
             self.api_errors += 1
             log.warning("deleting Job %s/%s failed: %s", namespace, record.job_name, exc)
+            return False
 
     async def patch_status(self, record: TaskRecord, *, message: str) -> None:
         """Merge-patch the GPUTask status from the record."""
@@ -156,6 +200,7 @@ class Executor:
                 "conditions": list(record.conditions.values()),
                 "placement": placement_status(record.placement),
                 "attempt": record.attempt,
+                "reschedules": record.reschedules,
                 "jobName": record.job_name,
                 "priority": record.task.priority if record.task is not None else 0,
                 "message": message,

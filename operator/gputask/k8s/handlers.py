@@ -9,11 +9,13 @@ tests can run two operators in one process.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import kopf
 
+from gputask.core.scheduler import Evict
 from gputask.k8s.client import (
     GPUCLUSTERQUEUES,
     GPUNODES,
@@ -22,11 +24,12 @@ from gputask.k8s.client import (
     NAMESPACES,
     NODES,
     PRIORITYCLASSES,
+    WORKLOADPRIORITYCLASSES,
     ApiError,
     KubeClient,
     Resource,
 )
-from gputask.k8s.controller import ADMITTED, FINISHED_PHASES, PENDING, RUNNING, Controller
+from gputask.k8s.controller import ADMITTED, PENDING, RUNNING, Controller
 from gputask.k8s.executor import Executor
 from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.loop import SchedulingLoop
@@ -37,6 +40,7 @@ Handler = Callable[..., Coroutine[Any, Any, None]]
 
 REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "priorityclasses": (PRIORITYCLASSES, None),
+    "workloadpriorityclasses": (WORKLOADPRIORITYCLASSES, None),
     "namespaces": (NAMESPACES, None),
     "nodes": (NODES, None),
     "gpunodes": (GPUNODES, None),
@@ -97,34 +101,45 @@ class Operator:
         self.loop.wake()
 
     async def on_job(self, event: dict[str, Any], **_: Any) -> None:
-        """One of our Jobs changed: track completion and disappearance."""
+        """One of our Jobs changed: track running, completion and disappearance."""
         obj = event["object"]
         if event.get("type") == "DELETED":
-            job = self.controller.on_job_deleted(obj)
-            lost = self.controller.job_gone(job) if job is not None else None
-            if lost is not None:
-                log.warning("Job %s of running task %s was deleted", job.name if job else "?", lost.key)
-            self.loop.wake()
+            await self._job_deleted(obj)
             return
         job = self.controller.on_job(obj)
         if job is None:
             return
         record = self.controller.record_by_uid(job.task_uid)
-        if record is None or record.job_name != job.name:
+        if record is None or record.job_name != job.name or record.phase not in (ADMITTED, RUNNING):
             return
         if job.outcome is None:
             if record.phase == ADMITTED and ((obj.get("status") or {}).get("active") or 0) > 0:
                 record.phase = RUNNING
                 await self.executor.patch_status(record, message=f"Job {job.name} is running")
             return
-        if record.phase not in FINISHED_PHASES:
-            self.controller.finish_task(record, job.outcome)
-            await self.executor.finished(record, job.outcome)
-            self.loop.wake()
+        self.controller.finish_task(record, job.outcome)
+        await self.executor.finished(record, job.outcome)
+        self.loop.wake()
+
+    async def _job_deleted(self, obj: dict[str, Any]) -> None:
+        job = self.controller.on_job_deleted(obj)
+        lost = self.controller.current_job_gone(job) if job is not None else None
+        if lost is not None and lost.task is not None and lost.placement is not None:
+            message = f"Job {lost.job_name} was deleted while the task ran; requeued"
+            self.controller.scheduler.evict(lost.key)
+            await self.executor.evict(Evict(lost.task, lost.placement, "JobDeleted", message))
+        self.loop.wake()
 
     def _simple(self, method: Callable[..., None]) -> Handler:
         async def handler(event: dict[str, Any], **_: Any) -> None:
             method(event["object"], deleted=event.get("type") == "DELETED")
+            self.loop.wake()
+
+        return handler
+
+    def _timed(self, method: Callable[..., None]) -> Handler:
+        async def handler(event: dict[str, Any], **_: Any) -> None:
+            method(event["object"], time.time(), deleted=event.get("type") == "DELETED")
             self.loop.wake()
 
         return handler
@@ -134,15 +149,14 @@ class Operator:
         kopf.on.startup(registry=reg)(self.on_startup)
         kopf.on.cleanup(registry=reg)(self.on_cleanup)
         kopf.on.event("gputask.io", "v1alpha1", "gputasks", registry=reg)(self.on_task)
-        kopf.on.event(
-            "batch", "v1", "jobs", registry=reg, annotations={TASK_UID_ANNOTATION: kopf.PRESENT}
-        )(self.on_job)
-        c = self.controller
-        for resource, method in (
-            (("gputask.io", "v1alpha1", "gpunodes"), c.on_gpunode),
-            (("gputask.io", "v1alpha1", "gpuclusterqueues"), c.on_queue),
-            (("v1", "nodes"), c.on_node),
-            (("v1", "namespaces"), c.on_namespace),
-            (("scheduling.k8s.io", "v1", "priorityclasses"), c.on_priority_class),
+        kopf.on.event("batch", "v1", "jobs", registry=reg, annotations={TASK_UID_ANNOTATION: kopf.PRESENT})(self.on_job)
+        inv = self.controller.inventory
+        for resource, handler in (
+            (("gputask.io", "v1alpha1", "gpunodes"), self._timed(inv.on_gpunode)),
+            (("v1", "nodes"), self._timed(inv.on_node)),
+            (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._simple(inv.on_queue)),
+            (("v1", "namespaces"), self._simple(inv.on_namespace)),
+            (("scheduling.k8s.io", "v1", "priorityclasses"), self._simple(inv.on_priority_class)),
+            (("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses"), self._simple(inv.on_workload_priority_class)),
         ):
-            kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(self._simple(method))
+            kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)

@@ -8,9 +8,11 @@ restarted operator never admits before it knows what is already running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
+from gputask.core import Pending
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
 
@@ -41,28 +43,28 @@ class SchedulingLoop:
         """Stop the loop task and wait for it."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
     async def run_once(self) -> int:
         """Run one cycle and apply its decisions; returns how many decisions it made."""
         async with self._running:
-            decisions = self.controller.scheduler.cycle(time.time())
+            now = time.time()
+            self.controller.inventory.check_heartbeats(now)
+            decisions = self.controller.scheduler.cycle(now)
             self.cycles += 1
             if decisions:
                 await self.executor.apply(decisions)
+                if any(not isinstance(d, Pending) for d in decisions):
+                    self.wake()  # evictions requeue work and free capacity: look again soon
             return len(decisions)
 
     async def _run(self) -> None:
         interval = self.controller.config.cycle_interval_s
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=interval)
-            except TimeoutError:
-                pass
             self._wake.clear()
             try:
                 await self.run_once()
