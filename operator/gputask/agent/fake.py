@@ -1,0 +1,107 @@
+"""A probe without GPUs, for demos, kind clusters and tests (``gputask agent --fake-gpus 2x24Gi``).
+
+Spec grammar: comma-separated groups ``COUNTx[PRODUCT:]MEMORY``, where MEMORY is a whole
+number with ``Mi``, ``Gi`` or ``Ti`` and PRODUCT is a name without spaces (as NVML products
+are spelled in gputask). Examples: ``2x24Gi``, ``1x16Gi,1x8Gi``, ``2xNVIDIA-A10:24Gi``.
+Devices are indexed in spec order; UUIDs are derived from the node name and index, so a
+restarted agent reports the same devices.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gputask.agent.errors import FakeSpecError, ProbeError
+from gputask.agent.probe import GpuReading, NodeReading
+
+DEFAULT_PRODUCT = "Fake-GPU"
+MAX_FAKE_GPUS = 64
+_GROUP = re.compile(r"^(?P<count>\d+)x(?:(?P<product>[A-Za-z0-9][A-Za-z0-9._-]*):)?(?P<amount>\d+)(?P<unit>Mi|Gi|Ti)$")
+_UNIT_MIB = {"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+_UUID_NAMESPACE = uuid.UUID("6f1b7e52-3c1e-4b8e-9d7a-8a1f0c2b5e94")  # fixed: UUIDs must not change
+
+
+@dataclass(frozen=True, slots=True)
+class FakeGpu:
+    """One fake device: product and total memory in MiB."""
+
+    product: str
+    memory_mib: int
+
+
+def parse_fake_spec(spec: str) -> tuple[FakeGpu, ...]:
+    """The devices a spec describes, in index order; FakeSpecError says what is wrong."""
+    gpus: list[FakeGpu] = []
+    for raw in spec.split(","):
+        group = raw.strip()
+        match = _GROUP.match(group)
+        if not match:
+            raise FakeSpecError(
+                f"bad fake GPU group {group!r} in {spec!r}: expected COUNTx[PRODUCT:]MEMORY "
+                "such as 2x24Gi or 1xNVIDIA-A10:24Gi (MEMORY in Mi, Gi or Ti)"
+            )
+        count, memory_mib = int(match["count"]), int(match["amount"]) * _UNIT_MIB[match["unit"]]
+        if count < 1 or memory_mib < 1:
+            raise FakeSpecError(f"bad fake GPU group {group!r}: count and memory must be positive")
+        gpus.extend([FakeGpu(match["product"] or DEFAULT_PRODUCT, memory_mib)] * count)
+    if len(gpus) > MAX_FAKE_GPUS:
+        raise FakeSpecError(f"fake GPU spec {spec!r} describes {len(gpus)} GPUs; at most {MAX_FAKE_GPUS}")
+    return tuple(gpus)
+
+
+def fake_uuid(node_name: str, index: int) -> str:
+    """The stable NVML-style UUID (``GPU-<uuid>``) of fake device ``index`` on ``node_name``."""
+    return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{index}')}"
+
+
+class FakeProbe:
+    """Returns fake devices; tests change used memory and health, or make reads fail."""
+
+    def __init__(
+        self,
+        node_name: str,
+        gpus: Sequence[FakeGpu],
+        *,
+        driver_version: str = "fake",
+        cuda_version: str = "fake",
+    ) -> None:
+        self._lock = threading.Lock()
+        self._driver_version, self._cuda_version = driver_version, cuda_version
+        self._failure: str | None = None
+        self._gpus = [
+            GpuReading(i, fake_uuid(node_name, i), gpu.product, gpu.memory_mib, 0) for i, gpu in enumerate(gpus)
+        ]
+
+    @classmethod
+    def from_spec(cls, spec: str, *, node_name: str) -> FakeProbe:
+        """A probe for ``spec`` (see the module docstring); FakeSpecError when malformed."""
+        return cls(node_name, parse_fake_spec(spec))
+
+    def read(self) -> NodeReading:
+        """The fake devices as they are now; ProbeError while a failure is set."""
+        with self._lock:
+            if self._failure is not None:
+                raise ProbeError(self._failure)
+            return NodeReading(self._driver_version, self._cuda_version, tuple(self._gpus))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def set_used(self, index: int, used_mib: int) -> None:
+        """Report ``used_mib`` in use on device ``index`` (as foreign processes would)."""
+        with self._lock:
+            self._gpus[index] = replace(self._gpus[index], memory_used_mib=used_mib)
+
+    def set_health(self, index: int, healthy: bool, reason: str = "") -> None:
+        """Mark device ``index`` healthy or not, with ``reason`` (e.g. ``"XID 79"``)."""
+        with self._lock:
+            self._gpus[index] = replace(self._gpus[index], healthy=healthy, reason="" if healthy else reason)
+
+    def set_failure(self, message: str | None) -> None:
+        """Make every read raise ProbeError(message) until called with None."""
+        with self._lock:
+            self._failure = message

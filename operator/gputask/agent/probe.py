@@ -1,0 +1,323 @@
+"""What the agent reads from the GPUs: value types, the probe protocol, and the NVML probe.
+
+:class:`GpuProbe` is the seam: :class:`NvmlProbe` reads real devices through ``pynvml``
+(package ``nvidia-ml-py``, imported only when a probe opens, so this module imports without
+it) and :class:`~gputask.agent.fake.FakeProbe` returns the same shapes from a spec such as
+``2x24Gi``. A probe never raises for one broken device: that device is reported unhealthy with
+the NVML error text as its reason. Only a node-wide failure raises :class:`ProbeError`.
+
+Health from XID events. The probe registers every device for
+``nvmlEventTypeXidCriticalError`` and drains the event set without blocking at each read. A
+device that had a critical XID stays unhealthy ("XID <n>") until the agent restarts, as in
+NVIDIA's k8s-device-plugin (``internal/rm/health.go``). That plugin's rule is followed: every
+critical XID marks the device unhealthy except the application errors it skips, 13 (graphics
+engine exception), 31 (memory page fault), 43 (GPU stopped processing), 45 (preemptive
+cleanup), 68 (video processor exception) and 109 (context switch timeout, skipped by newer
+releases); see NVIDIA's XID catalogue, https://docs.nvidia.com/deploy/xid-errors/. So 48
+(double-bit ECC), 63/64 (ECC page retirement / row remapping), 74 (NVLink), 79 (fallen off
+the bus), 92 (high single-bit ECC rate), 94/95 (contained / uncontained ECC) and any other
+critical XID make the device unhealthy. An event whose device cannot be identified, or a
+failed wait, marks every device unhealthy (the plugin does the same). Where events are not
+supported (old GPUs, some virtualised ones) the probe records it in :attr:`NvmlProbe.events`
+and goes on with query-based health only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any, Protocol
+
+from gputask.agent.errors import ProbeError, ProbeUnavailable
+
+log = logging.getLogger("gputask.agent")
+
+MIB = 1024 * 1024
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+MAX_EVENTS_PER_READ = 256  # bounds one drain if a device floods the event set
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One device as read: product with spaces as '-', memory in MiB, MIG mode if supported."""
+
+    index: int
+    uuid: str
+    product: str
+    memory_total_mib: int
+    memory_used_mib: int
+    mig_mode: str | None = None
+    healthy: bool = True
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReading:
+    """All devices of the node, in index order, with the driver and CUDA versions."""
+
+    driver_version: str
+    cuda_version: str
+    gpus: tuple[GpuReading, ...]
+
+
+class GpuProbe(Protocol):
+    """Reads the node's GPUs. ``read`` may block briefly; callers run it in a worker thread."""
+
+    def read(self) -> NodeReading:
+        """The current reading; ProbeError when the node as a whole cannot be read."""
+        ...
+
+    def close(self) -> None:
+        """Release what the probe holds (NVML handles, event sets)."""
+        ...
+
+
+def product_name(raw: str | bytes) -> str:
+    """NVML's device name as DESIGN.md spells products: spaces replaced by '-'."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return text.strip().replace(" ", "-")
+
+
+def cuda_version_text(value: int) -> str:
+    """NVML's CUDA driver version integer (12040) as text ("12.4")."""
+    return f"{value // 1000}.{value % 1000 // 10}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """The last good identity of a device, reused when a later query of it fails."""
+
+    uuid: str
+    product: str
+    memory_total_mib: int
+
+
+class NvmlProbe:
+    """Reads devices through NVML; ``nvml`` replaces the ``pynvml`` module (tests inject a fake).
+
+    ``events`` maps each device index to whether XID events are supported on it, once opened.
+    """
+
+    def __init__(self, *, nvml: ModuleType | Any | None = None) -> None:
+        self._nvml = nvml
+        self._lock = threading.Lock()
+        self._opened = False
+        self._event_set: Any = None
+        self._known: dict[int, _Known] = {}
+        self._sticky: dict[int, str] = {}  # index -> reason ("XID 79"), unhealthy until restart
+        self.events: dict[int, bool] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """nvmlInit once and register for XID events; ProbeUnavailable when NVML cannot start."""
+        with self._lock:
+            if self._opened:
+                return
+            nvml = self._module()
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as exc:
+                raise ProbeUnavailable(f"NVML could not initialise: {exc} (is the NVIDIA driver installed?)") from None
+            self._opened = True
+            self._register_events(nvml)
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down; safe to call twice."""
+        with self._lock:
+            if not self._opened:
+                return
+            nvml, self._opened = self._module(), False
+            try:
+                if self._event_set is not None:
+                    nvml.nvmlEventSetFree(self._event_set)
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                log.warning("NVML shutdown: %s", exc)
+            self._event_set = None
+
+    def __enter__(self) -> NvmlProbe:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _module(self) -> Any:
+        if self._nvml is None:
+            try:
+                self._nvml = importlib.import_module("pynvml")
+            except ImportError:
+                raise ProbeUnavailable("pynvml is not installed (pip install 'gputask[agent]')") from None
+        return self._nvml
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self) -> NodeReading:
+        """One reading of every device; a device whose query fails is reported unhealthy."""
+        self.open()
+        with self._lock:
+            nvml = self._module()
+            try:
+                count = int(nvml.nvmlDeviceGetCount())
+            except nvml.NVMLError as exc:
+                raise ProbeError(f"nvmlDeviceGetCount: {exc}") from None
+            gpus = [self._read_device(nvml, index) for index in range(count)]
+            self._drain_events(nvml, count)
+            gpus = [self._with_sticky(gpu) for gpu in gpus]
+            return NodeReading(self._driver_version(nvml), self._cuda_version(nvml), tuple(gpus))
+
+    def _with_sticky(self, gpu: GpuReading) -> GpuReading:
+        reason = self._sticky.get(gpu.index)
+        if reason is None or not gpu.healthy:
+            return gpu
+        return replace(gpu, healthy=False, reason=reason)
+
+    def _read_device(self, nvml: Any, index: int) -> GpuReading:
+        identity: dict[str, str] = {}
+        try:
+            handle = _query(nvml, "nvmlDeviceGetHandleByIndex", index)
+            identity["uuid"] = _text(_query(nvml, "nvmlDeviceGetUUID", handle))
+            identity["product"] = product_name(_query(nvml, "nvmlDeviceGetName", handle))
+            memory = _query(nvml, "nvmlDeviceGetMemoryInfo", handle)
+            mig_mode = self._mig_mode(nvml, handle)
+        except _QueryFailed as exc:
+            return self._failed_device(index, str(exc), **identity)
+        uuid, product = identity["uuid"], identity["product"]
+        total_mib, used_mib = int(memory.total) // MIB, -(-int(memory.used) // MIB)  # used rounds up
+        self._known[index] = _Known(uuid, product, total_mib)
+        return GpuReading(index, uuid, product, total_mib, used_mib, mig_mode)
+
+    def _failed_device(self, index: int, reason: str, uuid: str = "", product: str = "") -> GpuReading:
+        """The device as last known (what this read got first), unhealthy with ``reason``."""
+        known = self._known.get(index)
+        if known is None or (uuid and uuid != known.uuid):
+            known = _Known(uuid or f"GPU-unknown-index-{index}", product or "unknown", 0)
+        log.warning("GPU %d unhealthy: %s", index, reason)
+        return GpuReading(index, known.uuid, product or known.product, known.memory_total_mib, 0, None, False, reason)
+
+    @staticmethod
+    def _mig_mode(nvml: Any, handle: Any) -> str | None:
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except _not_supported(nvml):
+            return None  # no MIG on this GPU or driver
+        except nvml.NVMLError as exc:
+            raise _QueryFailed(f"nvmlDeviceGetMigMode: {exc}") from None
+        return "Enabled" if current == nvml.NVML_DEVICE_MIG_ENABLE else "Disabled"
+
+    @staticmethod
+    def _driver_version(nvml: Any) -> str:
+        try:
+            return _text(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError as exc:
+            log.warning("driver version: %s", exc)
+            return "unknown"
+
+    @staticmethod
+    def _cuda_version(nvml: Any) -> str:
+        try:
+            return cuda_version_text(int(nvml.nvmlSystemGetCudaDriverVersion()))
+        except nvml.NVMLError as exc:
+            log.warning("CUDA version: %s", exc)
+            return "unknown"
+
+    # -- XID events ------------------------------------------------------------------------
+
+    def _register_events(self, nvml: Any) -> None:
+        try:
+            self._event_set = nvml.nvmlEventSetCreate()
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as exc:
+            log.warning("XID events unavailable (%s); health comes from device queries only", exc)
+            return
+        for index in range(count):
+            self.events[index] = self._register_device(nvml, index)
+
+    def _register_device(self, nvml: Any, index: int) -> bool:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+            if not supported & nvml.nvmlEventTypeXidCriticalError:
+                log.warning("GPU %d does not report XID events; health from queries only", index)
+                return False
+            nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._event_set)
+        except nvml.NVMLError_NotSupported:
+            log.warning("GPU %d does not support events; health from queries only", index)
+            return False
+        except nvml.NVMLError as exc:  # a device that cannot even register is reported by read()
+            log.warning("GPU %d: registering XID events failed: %s", index, exc)
+            return False
+        return True
+
+    def _drain_events(self, nvml: Any, count: int) -> None:
+        if self._event_set is None:
+            return
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                event = nvml.nvmlEventSetWait(self._event_set, 0)
+            except nvml.NVMLError_Timeout:
+                return  # no event pending
+            except nvml.NVMLError as exc:
+                self._mark_all(count, f"NVML event wait failed: {exc}")
+                return
+            self._on_event(nvml, event, count)
+
+    def _on_event(self, nvml: Any, event: Any, count: int) -> None:
+        if not int(event.eventType) & nvml.nvmlEventTypeXidCriticalError:
+            return
+        xid = int(event.eventData)
+        if xid in APPLICATION_XIDS:
+            log.info("XID %d is an application error; the GPU stays healthy", xid)
+            return
+        try:
+            uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+        except nvml.NVMLError as exc:
+            self._mark_all(count, f"XID {xid} on an unidentified device ({exc})")
+            return
+        index = next((i for i, known in self._known.items() if known.uuid == uuid), None)
+        if index is None:
+            index = self._index_of(nvml, uuid)
+        if index is None:
+            self._mark_all(count, f"XID {xid} on unknown device {uuid}")
+            return
+        log.warning("GPU %d (%s): XID %d, marking it unhealthy", index, uuid, xid)
+        self._sticky.setdefault(index, f"XID {xid}")
+
+    def _index_of(self, nvml: Any, uuid: str) -> int | None:
+        try:
+            for index in range(int(nvml.nvmlDeviceGetCount())):
+                if _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))) == uuid:
+                    return index
+        except nvml.NVMLError:
+            return None
+        return None
+
+    def _mark_all(self, count: int, reason: str) -> None:
+        log.warning("all GPUs unhealthy: %s", reason)
+        for index in range(count):
+            self._sticky.setdefault(index, reason)
+
+
+class _QueryFailed(Exception):
+    """One device query failed; the message names the NVML call and its error text."""
+
+
+def _query(nvml: Any, name: str, *args: Any) -> Any:
+    try:
+        return getattr(nvml, name)(*args)
+    except nvml.NVMLError as exc:
+        raise _QueryFailed(f"{name}: {exc}") from None
+
+
+def _not_supported(nvml: Any) -> tuple[type[BaseException], ...]:
+    """NotSupported, plus FunctionNotFound where the module has it (older drivers lack calls)."""
+    missing = getattr(nvml, "NVMLError_FunctionNotFound", None)
+    return (nvml.NVMLError_NotSupported,) if missing is None else (nvml.NVMLError_NotSupported, missing)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,177 @@
+"""The node agent against the emulator: it writes the GPUNode, and the real operator places on those GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gputask.agent import FakeProbe, GpuReading, NodeReading, fake_uuid
+from gputask.agent.report import Reporter
+from gputask.k8s.client import GPUNODES, JOBS, NODES, NotFound
+from harness import Cluster, eventually, gputask, running_operator
+
+NODE = "gpu-node-1"
+U0, U1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
+
+
+async def add_ready_node(cluster: Cluster, name: str = NODE) -> dict[str, Any]:
+    """Create a Ready v1 Node (no GPUNode: that is the agent's job); returns the stored Node."""
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+    stored = await cluster.client.create(NODES, node)
+    await cluster.client.patch(
+        NODES, name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, status=True
+    )
+    return stored
+
+
+@contextlib.asynccontextmanager
+async def running_agent(cluster: Cluster, probe: Any) -> AsyncIterator[Reporter]:
+    """Run the agent's reporter for NODE with a fast interval until the block ends."""
+    reporter = Reporter(cluster.client, probe, NODE, interval_s=0.05, heartbeat_s=5, backoff_max_s=0.2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(reporter.run(stop))
+    try:
+        yield reporter
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+
+
+async def gpunode_with(cluster: Cluster, predicate: Any) -> dict[str, Any] | None:
+    """The GPUNode once ``predicate(status)`` holds, else None."""
+    try:
+        obj = await cluster.client.get(GPUNODES, NODE)
+    except NotFound:
+        return None
+    return obj if predicate(obj.get("status") or {}) else None
+
+
+async def job_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    """The Job ``name`` in default, or None."""
+    try:
+        return await cluster.client.get(JOBS, name, "default")
+    except NotFound:
+        return None
+
+
+def a10(index: int, uuid: str, healthy: bool = True, reason: str = "") -> dict[str, Any]:
+    """A status entry of the fake 24Gi A10s."""
+    return {
+        "index": index,
+        "uuid": uuid,
+        "product": "NVIDIA-A10",
+        "memory": "24576Mi",
+        "memoryUsed": "0Mi",
+        "healthy": healthy,
+        "reason": reason,
+    }
+
+
+async def test_agent_reports_gpus_and_the_operator_places_a_task_on_them(cluster: Cluster) -> None:
+    """The agent creates the owned GPUNode from a FakeProbe; the operator pins a GPUTask to a reported UUID."""
+    node = await add_ready_node(cluster)
+    await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
+    probe = FakeProbe.from_spec("2xNVIDIA-A10:24Gi", node_name=NODE)
+    async with running_agent(cluster, probe):
+        obj = await eventually(lambda: gpunode_with(cluster, lambda s: bool(s.get("gpus"))))
+        status = {k: v for k, v in obj["status"].items() if k != "heartbeatTime"}
+        owners = obj["metadata"].get("ownerReferences")
+        assert (owners, status) == (
+            [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]}],
+            {"gpus": [a10(0, U0), a10(1, U1)], "driverVersion": "fake", "cudaVersion": "fake"},
+        )
+        async with running_operator(cluster):
+            await cluster.submit(gputask("train", gpuMemory="12Gi"))
+            job = await eventually(lambda: job_of(cluster, "train-1"))
+    placement = json.loads(job["metadata"]["annotations"]["gputask.io/placement"])
+    assert placement == {"node": NODE, "uuids": [U0], "indices": [0], "memoryMiB": [12288]}
+
+
+async def test_operator_avoids_a_gpu_the_agent_reports_unhealthy(cluster: Cluster) -> None:
+    """A GPU the agent reports unhealthy (XID 79) gets no task: the operator places on the other GPU."""
+    await add_ready_node(cluster)
+    await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
+    probe = FakeProbe.from_spec("2xNVIDIA-A10:24Gi", node_name=NODE)
+    probe.set_health(0, False, "XID 79")
+    async with running_agent(cluster, probe):
+        await eventually(
+            lambda: gpunode_with(cluster, lambda s: s.get("gpus") == [a10(0, U0, False, "XID 79"), a10(1, U1)])
+        )
+        async with running_operator(cluster):
+            await cluster.submit(gputask("train", gpuMemory="12Gi"))
+            job = await eventually(lambda: job_of(cluster, "train-1"))
+    placement = json.loads(job["metadata"]["annotations"]["gputask.io/placement"])
+    assert placement == {"node": NODE, "uuids": [U1], "indices": [1], "memoryMiB": [12288]}
+
+
+class FlakyProbe:
+    """Raises, returns garbage, then a malformed reading, then a good one; loops on the good one."""
+
+    def __init__(self) -> None:
+        good = GpuReading(0, "GPU-good", "NVIDIA A10", 24576, 0)
+        self.script: list[Any] = [
+            RuntimeError("driver bug"),
+            None,
+            NodeReading("550", "12.4", (good, GpuReading(0, "", "x", -1, 0), "junk")),  # type: ignore[arg-type]
+        ]
+        self.good = NodeReading("550", "12.4", (good,))
+
+    def read(self) -> NodeReading:
+        item = self.script.pop(0) if self.script else self.good
+        if isinstance(item, BaseException):
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    def close(self) -> None: ...
+
+
+async def test_malformed_readings_never_crash_the_agent_against_the_api(cluster: Cluster) -> None:
+    """Through raising and malformed readings the agent keeps running and publishes only the valid GPU."""
+    await add_ready_node(cluster)
+    async with running_agent(cluster, FlakyProbe()) as reporter:
+        obj = await eventually(lambda: gpunode_with(cluster, lambda s: bool(s.get("gpus"))))
+        await asyncio.sleep(0.2)  # more ticks on the good reading
+        probe_errors = reporter.metrics.registry.get_sample_value("gputask_agent_probe_errors_total", {"node": NODE})
+    assert (obj["status"]["gpus"], probe_errors, reporter.failures) == (
+        [
+            {
+                "index": 0,
+                "uuid": "GPU-good",
+                "product": "NVIDIA-A10",
+                "memory": "24576Mi",
+                "memoryUsed": "0Mi",
+                "healthy": True,
+                "reason": "",
+            }
+        ],
+        2.0,
+        0,
+    )
+
+
+async def test_agent_command_reports_and_exits_0_on_sigterm(cluster: Cluster) -> None:
+    """`gputask agent --fake-gpus` as a process writes the GPUNode and exits 0 on SIGTERM."""
+    await add_ready_node(cluster)
+    args = ["--node-name", NODE, "--fake-gpus", "1x8Gi", "--interval", "100ms", "--metrics-port", "0"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gputask.cli",
+        "agent",
+        *args,
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        obj = await eventually(lambda: gpunode_with(cluster, lambda s: bool(s.get("gpus"))), timeout_s=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
+    assert (proc.returncode, [g["uuid"] for g in obj["status"]["gpus"]]) == (0, [U0]), output.decode()

@@ -1,0 +1,421 @@
+"""The agent's probes: FakeProbe specs and NvmlProbe against a fake pynvml module."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gputask.agent import (
+    FakeProbe,
+    FakeSpecError,
+    GpuReading,
+    NodeReading,
+    NvmlProbe,
+    ProbeError,
+    ProbeUnavailable,
+    fake_uuid,
+    parse_fake_spec,
+)
+from gputask.agent.fake import FakeGpu
+from gputask.agent.probe import cuda_version_text, product_name
+
+REPO = Path(__file__).resolve().parents[2]
+pynvml = pytest.importorskip("pynvml")  # only for its real error classes and constants
+GIB = 1024**3
+MIB = 1024**2
+
+
+# -- FakeProbe --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("2x24Gi", (FakeGpu("Fake-GPU", 24576), FakeGpu("Fake-GPU", 24576))),
+        ("1x16Gi,1x8Gi", (FakeGpu("Fake-GPU", 16384), FakeGpu("Fake-GPU", 8192))),
+        ("2xNVIDIA-A10:24Gi", (FakeGpu("NVIDIA-A10", 24576), FakeGpu("NVIDIA-A10", 24576))),
+        ("1x512Mi, 1xNVIDIA-H100-80GB-HBM3:80Gi", (FakeGpu("Fake-GPU", 512), FakeGpu("NVIDIA-H100-80GB-HBM3", 81920))),
+        ("1x1Ti", (FakeGpu("Fake-GPU", 1048576),)),
+    ],
+)
+def test_fake_spec_parses_groups_in_index_order(spec: str, expected: tuple[FakeGpu, ...]) -> None:
+    """A spec lists COUNTx[PRODUCT:]MEMORY groups whose devices are indexed in order."""
+    assert parse_fake_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "2x24", "x24Gi", "2x24GB", "2xNVIDIA A10:24Gi", "2x:24Gi", "2x24Gi,", "-1x8Gi"])
+def test_fake_spec_rejects_malformed_groups(spec: str) -> None:
+    """A malformed group is a FakeSpecError that quotes it and shows the expected form."""
+    with pytest.raises(FakeSpecError, match="expected COUNTx\\[PRODUCT:\\]MEMORY"):
+        parse_fake_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("0x24Gi", "bad fake GPU group '0x24Gi': count and memory must be positive"),
+        ("1x0Mi", "bad fake GPU group '1x0Mi': count and memory must be positive"),
+        ("65x1Gi", "fake GPU spec '65x1Gi' describes 65 GPUs; at most 64"),
+    ],
+)
+def test_fake_spec_rejects_empty_or_oversized_specs(spec: str, message: str) -> None:
+    """Zero counts, zero memory and more than 64 GPUs are refused with a clear message."""
+    with pytest.raises(FakeSpecError) as info:
+        parse_fake_spec(spec)
+    assert str(info.value) == message
+
+
+def test_fake_uuids_are_stable_per_node_and_index() -> None:
+    """Fake UUIDs depend only on node name and index, so a restarted agent reports the same GPUs."""
+    uuids = [fake_uuid("node-a", 0), fake_uuid("node-a", 1), fake_uuid("node-b", 0), fake_uuid("node-a", 0)]
+    assert [len(set(uuids)), uuids[0][:4], uuids[0] == uuids[3]] == [3, "GPU-", True]
+
+
+def test_fake_probe_reads_spec_and_settable_state() -> None:
+    """FakeProbe reports its spec, then the used memory and health tests set."""
+    probe = FakeProbe.from_spec("2xNVIDIA-A10:24Gi", node_name="node-a")
+    probe.set_used(0, 1000)
+    probe.set_health(1, False, "XID 79")
+    u0, u1 = fake_uuid("node-a", 0), fake_uuid("node-a", 1)
+    assert probe.read() == NodeReading(
+        "fake",
+        "fake",
+        (
+            GpuReading(0, u0, "NVIDIA-A10", 24576, 1000),
+            GpuReading(1, u1, "NVIDIA-A10", 24576, 0, None, False, "XID 79"),
+        ),
+    )
+
+
+def test_fake_probe_failure_raises_probe_error_until_cleared() -> None:
+    """set_failure makes reads raise ProbeError; clearing it restores reads."""
+    probe = FakeProbe.from_spec("1x8Gi", node_name="n")
+    probe.set_failure("NVML wedged")
+    with pytest.raises(ProbeError, match="NVML wedged"):
+        probe.read()
+    probe.set_failure(None)
+    assert probe.read() == NodeReading("fake", "fake", (GpuReading(0, fake_uuid("n", 0), "Fake-GPU", 8192, 0),))
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def test_product_names_and_cuda_versions_are_spelled_as_the_design_says() -> None:
+    """NVML names get '-' for spaces (bytes too) and CUDA 12040 reads as 12.4."""
+    names = [product_name("NVIDIA A100-SXM4-40GB"), product_name(b"Tesla T4 "), cuda_version_text(12040)]
+    assert names == ["NVIDIA-A100-SXM4-40GB", "Tesla-T4", "12.4"]
+
+
+def test_agent_package_imports_without_pynvml() -> None:
+    """Importing the agent (probe included) does not import pynvml: it loads when a probe opens."""
+    code = "import sys, gputask.agent, gputask.agent.main; print('pynvml' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+# -- NvmlProbe against a fake pynvml -------------------------------------------------------------
+
+
+@dataclass
+class FakeDevice:
+    """One fake NVML device; an error set on a query makes that query raise it."""
+
+    uuid: str
+    name: str
+    total: int
+    used: int
+    mig: int | None = None  # None: MIG not supported
+    events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+    errors: dict[str, Exception] = field(default_factory=dict)
+
+
+class FakeNvml:
+    """A stand-in for the pynvml module: real error classes and constants, fake functions."""
+
+    NVMLError = pynvml.NVMLError
+    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+    NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound
+    NVMLError_Timeout = pynvml.NVMLError_Timeout
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+
+    def __init__(self, devices: list[FakeDevice], *, errors: dict[str, Exception] | None = None) -> None:
+        self.devices = devices
+        self.errors = errors or {}  # module-level call name -> error
+        self.pending: deque[SimpleNamespace] = deque()
+        self.registered: list[int] = []
+        self.calls: list[str] = []
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.errors:
+            raise self.errors[name]
+
+    def _device(self, handle: int, name: str) -> FakeDevice:
+        self._call(name)
+        if not 0 <= handle < len(self.devices):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        device = self.devices[handle]
+        if name in device.errors:
+            raise device.errors[name]
+        return device
+
+    def emit(self, handle: int, xid: int, event_type: int = pynvml.nvmlEventTypeXidCriticalError) -> None:
+        self.pending.append(SimpleNamespace(device=handle, eventType=event_type, eventData=xid))
+
+    def nvmlInit(self) -> None:
+        self._call("nvmlInit")
+
+    def nvmlShutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._call("nvmlDeviceGetCount")
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self._device(index, "nvmlDeviceGetHandleByIndex")
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._device(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._device(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        device = self._device(handle, "nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(total=device.total, used=device.used, free=device.total - device.used)
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        device = self._device(handle, "nvmlDeviceGetMigMode")
+        if device.mig is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [device.mig, device.mig]
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._call("nvmlSystemGetDriverVersion")
+        return "550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._call("nvmlSystemGetCudaDriverVersion")
+        return 12040
+
+    def nvmlEventSetCreate(self) -> str:
+        self._call("nvmlEventSetCreate")
+        return "event-set"
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self._call("nvmlEventSetFree")
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: int) -> int:
+        return self._device(handle, "nvmlDeviceGetSupportedEventTypes").events
+
+    def nvmlDeviceRegisterEvents(self, handle: int, event_types: int, event_set: str) -> None:
+        self._device(handle, "nvmlDeviceRegisterEvents")
+        self.registered.append(handle)
+
+    def nvmlEventSetWait(self, event_set: str, timeout_ms: int) -> SimpleNamespace:
+        self._call("nvmlEventSetWait")
+        assert timeout_ms == 0  # the probe must never block
+        if not self.pending:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return self.pending.popleft()
+
+
+def nvml_error(code: int) -> Exception:
+    """The real pynvml exception for an NVML return code."""
+    return pynvml.NVMLError(code)
+
+
+def two_gpus() -> list[FakeDevice]:
+    """An A10 without MIG support and an A100 with MIG disabled."""
+    return [
+        FakeDevice("GPU-0a", "NVIDIA A10", 24 * GIB, 512 * MIB + 1),
+        FakeDevice("GPU-1b", "NVIDIA A100-SXM4-40GB", 40 * GIB, 0, mig=0),
+    ]
+
+
+A10 = GpuReading(0, "GPU-0a", "NVIDIA-A10", 24576, 513)
+A100 = GpuReading(1, "GPU-1b", "NVIDIA-A100-SXM4-40GB", 40960, 0, "Disabled")
+
+
+def test_fake_nvml_surface_exists_in_real_pynvml() -> None:
+    """Every function and constant the fake offers exists in the real pynvml, so the probe calls real names."""
+    names = [n for n in dir(FakeNvml) if n.startswith(("nvml", "NVML"))]
+    assert [n for n in names if not hasattr(pynvml, n)] == []
+
+
+def test_nvml_discovers_two_devices() -> None:
+    """Two devices are read with product, MiB (used rounded up), MIG mode and versions; both register for XIDs."""
+    nvml = FakeNvml(two_gpus())
+    probe = NvmlProbe(nvml=nvml)
+    reading = probe.read()
+    assert (reading, probe.events, nvml.registered) == (
+        NodeReading("550.54.15", "12.4", (A10, A100)),
+        {0: True, 1: True},
+        [0, 1],
+    )
+
+
+def test_nvml_reports_mig_enabled() -> None:
+    """A GPU in MIG mode reads as mig_mode 'Enabled'; MIG NotSupported reads as None."""
+    devices = two_gpus()
+    devices[1].mig = pynvml.NVML_DEVICE_MIG_ENABLE
+    assert NvmlProbe(nvml=FakeNvml(devices)).read().gpus == (
+        A10,
+        GpuReading(1, "GPU-1b", A100.product, 40960, 0, "Enabled"),
+    )
+
+
+def test_nvml_memory_query_error_marks_only_that_device_unhealthy() -> None:
+    """A device whose memory query raises NVMLError is unhealthy with the call and error text; others are read."""
+    devices = two_gpus()
+    devices[1].errors["nvmlDeviceGetMemoryInfo"] = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    reading = NvmlProbe(nvml=FakeNvml(devices)).read()
+    lost = GpuReading(1, "GPU-1b", "NVIDIA-A100-SXM4-40GB", 0, 0, None, False, "nvmlDeviceGetMemoryInfo: GPU is lost")
+    assert reading.gpus == (A10, lost)
+
+
+def test_nvml_failed_device_keeps_its_last_known_identity() -> None:
+    """A device that fails after a good read keeps its UUID, product and memory, unhealthy."""
+    devices = two_gpus()
+    nvml = FakeNvml(devices)
+    probe = NvmlProbe(nvml=nvml)
+    probe.read()
+    devices[0].errors["nvmlDeviceGetHandleByIndex"] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    failed = GpuReading(0, "GPU-0a", "NVIDIA-A10", 24576, 0, None, False, "nvmlDeviceGetHandleByIndex: Unknown Error")
+    assert probe.read().gpus == (failed, A100)
+
+
+def test_nvml_critical_xid_marks_device_unhealthy_and_skips_application_xids() -> None:
+    """A critical XID (79) makes its device unhealthy for good; an application XID (13) does not."""
+    nvml = FakeNvml(two_gpus())
+    probe = NvmlProbe(nvml=nvml)
+    probe.read()
+    nvml.emit(0, 13)
+    nvml.emit(1, 79)
+    first = probe.read().gpus
+    second = probe.read().gpus
+    xid = GpuReading(1, "GPU-1b", "NVIDIA-A100-SXM4-40GB", 40960, 0, "Disabled", False, "XID 79")
+    assert (first, second) == ((A10, xid), (A10, xid))
+
+
+def test_nvml_xid_on_an_unidentified_device_marks_all_unhealthy() -> None:
+    """When the device of a critical XID cannot be identified, every device is marked unhealthy."""
+    nvml = FakeNvml(two_gpus())
+    probe = NvmlProbe(nvml=nvml)
+    probe.read()
+    nvml.emit(7, 48)  # a handle the fake does not know: its UUID query fails
+    gpus = probe.read().gpus
+    reason = "XID 48 on an unidentified device (Invalid Argument)"
+    assert [(g.index, g.healthy, g.reason) for g in gpus] == [(0, False, reason), (1, False, reason)]
+
+
+def test_nvml_without_event_support_still_reads_devices() -> None:
+    """Where the event set cannot be created, devices are still read and no event wait is attempted."""
+    nvml = FakeNvml(two_gpus(), errors={"nvmlEventSetCreate": nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)})
+    probe = NvmlProbe(nvml=nvml)
+    reading = probe.read()
+    assert (reading.gpus, probe.events, "nvmlEventSetWait" in nvml.calls) == ((A10, A100), {}, False)
+
+
+def test_nvml_device_without_xid_events_is_recorded_and_read() -> None:
+    """A device that lacks XID events (or refuses registration) is recorded as unsupported and still read."""
+    devices = two_gpus()
+    devices[0].events = pynvml.nvmlEventTypePState
+    devices[1].errors["nvmlDeviceRegisterEvents"] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    probe = NvmlProbe(nvml=FakeNvml(devices))
+    reading = probe.read()
+    assert (reading.gpus, probe.events) == ((A10, A100), {0: False, 1: False})
+
+
+def test_nvml_init_failure_is_probe_unavailable() -> None:
+    """When nvmlInit fails (no driver) the probe raises ProbeUnavailable with a hint."""
+    nvml = FakeNvml([], errors={"nvmlInit": nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)})
+    with pytest.raises(ProbeUnavailable) as info:
+        NvmlProbe(nvml=nvml).open()
+    assert str(info.value) == "NVML could not initialise: Driver Not Loaded (is the NVIDIA driver installed?)"
+
+
+def test_nvml_device_count_failure_is_a_probe_error() -> None:
+    """When even the device count fails, the whole reading is a ProbeError."""
+    nvml = FakeNvml(two_gpus())
+    probe = NvmlProbe(nvml=nvml)
+    probe.open()
+    nvml.errors["nvmlDeviceGetCount"] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(ProbeError, match="^nvmlDeviceGetCount: Unknown Error$"):
+        probe.read()
+
+
+def test_nvml_initialises_once_and_closes_once() -> None:
+    """nvmlInit runs once over many reads; close frees the event set and shuts NVML down, once."""
+    nvml = FakeNvml(two_gpus())
+    with NvmlProbe(nvml=nvml) as probe:
+        probe.read()
+        probe.read()
+    probe.close()
+    lifecycle = [c for c in nvml.calls if c in {"nvmlInit", "nvmlShutdown", "nvmlEventSetFree"}]
+    assert lifecycle == ["nvmlInit", "nvmlEventSetFree", "nvmlShutdown"]
+
+
+def test_nvml_missing_library_is_probe_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the NVML shared library (this machine has no GPU driver) open() raises ProbeUnavailable."""
+
+    def no_library() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_library)
+    with pytest.raises(ProbeUnavailable, match="NVML Shared Library Not Found"):
+        NvmlProbe().open()
+
+
+def test_capture_script_writes_the_reading_as_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """bench/agent_probe_capture.py writes the reading, XID event support and the status it would publish."""
+    spec = importlib.util.spec_from_file_location("agent_probe_capture", REPO / "bench" / "agent_probe_capture.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "NvmlProbe", lambda: NvmlProbe(nvml=FakeNvml(two_gpus())))
+    out = tmp_path / "reading.json"
+    code = script.main(["--output", str(out)])
+    data = json.loads(out.read_text())
+    a10 = {"index": 0, "uuid": "GPU-0a", "product": "NVIDIA-A10", "memory": "24576Mi", "memoryUsed": "513Mi"}
+    a100 = {"index": 1, "uuid": "GPU-1b", "product": "NVIDIA-A100-SXM4-40GB", "memory": "40960Mi", "memoryUsed": "0Mi"}
+    assert (code, data["reading"]["gpus"][1], data["xidEventsSupported"], data["gpunodeStatus"]) == (
+        0,
+        {
+            "index": 1,
+            "uuid": "GPU-1b",
+            "product": "NVIDIA-A100-SXM4-40GB",
+            "memory_total_mib": 40960,
+            "memory_used_mib": 0,
+            "mig_mode": "Disabled",
+            "healthy": True,
+            "reason": "",
+        },
+        {"0": True, "1": True},
+        {
+            "gpus": [a10 | {"healthy": True, "reason": ""}, a100 | {"healthy": True, "reason": ""}],
+            "driverVersion": "550.54.15",
+            "cudaVersion": "12.4",
+        },
+    )
+
+
+def test_nvml_failed_event_wait_marks_all_unhealthy() -> None:
+    """An event wait that fails with anything but a timeout marks every device unhealthy, as the device plugin does."""
+    nvml = FakeNvml(two_gpus())
+    probe = NvmlProbe(nvml=nvml)
+    probe.read()
+    nvml.errors["nvmlEventSetWait"] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    reason = "NVML event wait failed: Unknown Error"
+    assert [(g.index, g.healthy, g.reason) for g in probe.read().gpus] == [(0, False, reason), (1, False, reason)]
