@@ -10,6 +10,11 @@ Shape (YAML)::
     policy: bestfit                 # placement policy name
     queueing: gputask               # gputask | kueue
     namespace: ""                   # watch one namespace; "" = cluster-wide
+    leaderElection: false           # campaign for a coordination.k8s.io/v1 Lease; only the leader schedules
+    leaseName: gputask-operator
+    leaseNamespace: ""              # "" = $POD_NAMESPACE, else "default"
+    leaseDuration: 15s
+    leaseRenewInterval: 5s
 
 Durations accept seconds as a number or a string with s/m/h suffix.
 """
@@ -57,6 +62,11 @@ class Config(BaseModel):
     policy: str = "bestfit"
     queueing: Literal["gputask", "kueue"] = "gputask"
     namespace: str = ""
+    leader_election: bool = Field(False, alias="leaderElection")
+    lease_name: str = Field("gputask-operator", alias="leaseName")
+    lease_namespace: str = Field("", alias="leaseNamespace")
+    lease_duration_s: Duration = Field(15.0, alias="leaseDuration", gt=0)
+    lease_renew_s: Duration = Field(5.0, alias="leaseRenewInterval", gt=0)
 
     def public(self) -> dict[str, Any]:
         """The configuration as printed in outputs (aliases, seconds)."""

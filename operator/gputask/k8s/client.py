@@ -71,6 +71,7 @@ EVENTS = Resource("", "v1", "events")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
 PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False)
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
 WORKLOADPRIORITYCLASSES = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False)
 
 
@@ -161,6 +162,12 @@ class KubeClient:
         """JSON merge-patch an object (or its /status); Conflict when a given resourceVersion is stale."""
         path = res.path(namespace, name, "status" if status else None)
         return await self._call("PATCH", path, body=dict(patch), content_type=MERGE_PATCH)
+
+    async def replace(
+        self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """PUT a whole object; Conflict when its metadata.resourceVersion is stale."""
+        return await self._call("PUT", res.path(namespace, name), body=dict(body))
 
     async def delete(
         self, res: Resource, name: str, namespace: str | None = None, *, propagation: str = "Background"

@@ -16,7 +16,7 @@ from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s.client import EVENTS, GPUTASKS, JOBS, AlreadyExists, ApiError, KubeClient
+from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, GPUTASKS, JOBS, AlreadyExists, ApiError, Conflict, KubeClient
 from gputask.k8s.controller import ADMITTED, FAILED, PENDING, Controller, TaskRecord
 from gputask.k8s.jobs import build_job, job_name
 
@@ -24,6 +24,7 @@ log = logging.getLogger("gputask.executor")
 
 COMPONENT = "gputask-operator"
 CONCURRENCY = 16
+CONFLICT_RETRIES = 5
 
 
 def now_rfc3339() -> str:
@@ -56,6 +57,57 @@ def placement_status(placement: Placement | None) -> dict[str, Any] | None:
     }
 
 
+def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
+    """The ``status`` of every known GPUClusterQueue: counts, usage (quantities) and an Active condition."""
+    out: dict[str, dict[str, Any]] = {}
+    inventory = controller.inventory
+    for name, report in controller.scheduler.queue_status().items():
+        if name not in controller.scheduler.quotas.specs and name not in inventory.queue_errors:
+            continue
+        usage, borrowed = report["usage"], report["borrowed"]
+        assert isinstance(usage, dict) and isinstance(borrowed, dict)
+        error = inventory.queue_errors.get(name)
+        active = error is None
+        out[name] = {
+            "pendingTasks": report["pending"],
+            "admittedTasks": report["admitted"],
+            "usage": [
+                {"name": r, "total": _quantity(r, usage.get(r, 0)), "borrowed": _quantity(r, borrowed.get(r, 0))}
+                for r in sorted(usage)
+            ],
+            "conditions": [
+                {
+                    "type": "Active",
+                    "status": "True" if active else "False",
+                    "reason": "Ready" if active else "InvalidSpec",
+                    "message": "Can admit new tasks" if active else error,
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            ],
+        }
+    for name, error in inventory.queue_errors.items():
+        out.setdefault(
+            name,
+            {
+                "conditions": [
+                    {
+                        "type": "Active",
+                        "status": "False",
+                        "reason": "InvalidSpec",
+                        "message": error,
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                ]
+            },
+        )
+    return out
+
+
+def _quantity(resource: str, amount: int) -> str:
+    """A quota amount as a Kubernetes quantity: milli-GPU as ``1500m``, MiB as ``16384Mi``."""
+    return f"{amount}m" if resource == "nvidia.com/gpu" else f"{amount}Mi"
+
+
 def describe(placement: Placement) -> str:
     """``node-a GPUs [0, 1] (12288 MiB each)``-style summary."""
     mib = sorted({g.memory_mib for g in placement.gpus})
@@ -70,11 +122,20 @@ class Executor:
         self.client = client
         self.controller = controller
         self.api_errors = 0
+        self.conflicts = 0
+        self._queue_reports: dict[str, dict[str, Any]] = {}
         self._limit = asyncio.Semaphore(CONCURRENCY)
 
     async def apply(self, decisions: Iterable[Decision]) -> None:
-        """Apply decisions, up to CONCURRENCY API calls at a time."""
-        await asyncio.gather(*(self._guarded(d) for d in decisions))
+        """Apply decisions: one task's in order (an Evict before its re-Admit), tasks concurrently."""
+        per_task: dict[str, list[Decision]] = {}
+        for decision in decisions:
+            per_task.setdefault(decision.task.key, []).append(decision)
+        await asyncio.gather(*(self._in_order(group) for group in per_task.values()))
+
+    async def _in_order(self, group: list[Decision]) -> None:
+        for decision in group:
+            await self._guarded(decision)
 
     async def _guarded(self, decision: Decision) -> None:
         async with self._limit:
@@ -192,25 +253,67 @@ class Executor:
             return False
 
     async def patch_status(self, record: TaskRecord, *, message: str) -> None:
-        """Merge-patch the GPUTask status from the record."""
+        """Write the GPUTask status from the record, with optimistic concurrency.
+
+        The patch carries the resourceVersion last seen; on 409 Conflict the object is read
+        again (stopping if it was deleted or re-created under a new uid) and the write retried.
+        """
         meta = record.obj["metadata"]
-        body = {
-            "status": {
-                "phase": record.phase,
-                "conditions": list(record.conditions.values()),
-                "placement": placement_status(record.placement),
-                "attempt": record.attempt,
-                "reschedules": record.reschedules,
-                "jobName": record.job_name,
-                "priority": record.task.priority if record.task is not None else 0,
-                "message": message,
-            }
+        status = {
+            "phase": record.phase,
+            "conditions": list(record.conditions.values()),
+            "placement": placement_status(record.placement),
+            "attempt": record.attempt,
+            "reschedules": record.reschedules,
+            "jobName": record.job_name,
+            "priority": record.task.priority if record.task is not None else 0,
+            "message": message,
         }
+        name, namespace = meta["name"], meta.get("namespace")
+        for _ in range(CONFLICT_RETRIES):
+            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
+            try:
+                stored = await self.client.patch(GPUTASKS, name, body, namespace, status=True)
+            except Conflict:
+                self.conflicts += 1
+                if not await self._refresh(record):
+                    return
+                meta = record.obj["metadata"]
+                continue
+            except ApiError as exc:
+                self.api_errors += 1
+                log.warning("status patch of %s failed: %s", record.key, exc)
+                return
+            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", meta.get("resourceVersion"))
+            return
+        log.warning("status patch of %s kept conflicting; the next change will write it", record.key)
+
+    async def _refresh(self, record: TaskRecord) -> bool:
+        """Re-read the GPUTask after a conflict; False when it is gone or is another object now."""
+        meta = record.obj["metadata"]
         try:
-            await self.client.patch(GPUTASKS, meta["name"], body, meta.get("namespace"), status=True)
-        except ApiError as exc:
-            self.api_errors += 1
-            log.warning("status patch of %s failed: %s", record.key, exc)
+            fresh = await self.client.get(GPUTASKS, meta["name"], meta.get("namespace"))
+        except ApiError:
+            return False
+        if fresh["metadata"].get("uid") != record.uid:
+            return False
+        record.obj = fresh
+        return True
+
+    async def report_queues(self) -> None:
+        """Patch each GPUClusterQueue's status when its counts or usage changed since the last write."""
+        for name, status in queue_statuses(self.controller).items():
+            seen = {**status, "conditions": [{**c, "lastTransitionTime": ""} for c in status["conditions"]]}
+            if self._queue_reports.get(name) == seen:
+                continue
+            try:
+                await self.client.patch(GPUCLUSTERQUEUES, name, {"status": status}, status=True)
+            except ApiError as exc:
+                if exc.status != 404:
+                    self.api_errors += 1
+                    log.warning("status patch of GPUClusterQueue %s failed: %s", name, exc)
+                continue
+            self._queue_reports[name] = seen
 
     async def event(self, record: TaskRecord, etype: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about the task."""

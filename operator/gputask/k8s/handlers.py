@@ -8,8 +8,13 @@ tests can run two operators in one process.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -32,6 +37,7 @@ from gputask.k8s.client import (
 from gputask.k8s.controller import ADMITTED, PENDING, RUNNING, Controller
 from gputask.k8s.executor import Executor
 from gputask.k8s.jobs import TASK_UID_ANNOTATION
+from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
 
 log = logging.getLogger("gputask.handlers")
@@ -51,18 +57,26 @@ REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
 
 
 class Operator:
-    """One operator instance: controller, executor, loop and its kopf registry."""
+    """One operator instance: controller, executor, loop, optional leader election, kopf registry.
 
-    def __init__(self, controller: Controller, client: KubeClient) -> None:
+    Without leader election the instance leads from the start. With it, a standby keeps its
+    watches open but ignores their events; once elected it rebuilds a fresh controller from
+    the API, and only then schedules.
+    """
+
+    def __init__(self, controller: Controller, client: KubeClient, *, identity: str | None = None) -> None:
         self.controller = controller
         self.client = client
         self.executor = Executor(client, controller)
         self.loop = SchedulingLoop(controller, self.executor)
         self.registry = kopf.OperatorRegistry()
+        self.leading = False
+        self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._elector: asyncio.Task[None] | None = None
         self._register()
 
     async def rebuild(self) -> None:
-        """List everything and rebuild the controller's state before the first cycle."""
+        """List everything and rebuild a fresh controller before the first cycle."""
         objects: dict[str, list[dict[str, Any]]] = {}
         for kind, (resource, labels) in REBUILD_ORDER.items():
             try:
@@ -70,29 +84,59 @@ class Operator:
             except ApiError as exc:
                 if exc.status != 404:
                     raise kopf.TemporaryError(f"listing {kind} failed: {exc}", delay=5) from exc
-                objects[kind] = []  # e.g. no PriorityClass API in a minimal cluster
-        self.controller.rebuild_from(objects)
-        for record in list(self.controller.tasks.values()):
+                objects[kind] = []  # e.g. no Kueue WorkloadPriorityClass API in this cluster
+        controller = Controller(self.controller.config)
+        controller.rebuild_from(objects)
+        self.controller = self.executor.controller = self.loop.controller = controller
+        for record in list(controller.tasks.values()):
             if record.invalid is not None:
                 await self.executor.invalid(record)
 
-    # -- handlers -----------------------------------------------------------------------
-    async def on_startup(self, **_: Any) -> None:
-        """Rebuild state, then start the scheduling loop."""
+    async def lead(self) -> None:
+        """Become the scheduling instance: rebuild, then run the loop."""
         await self.rebuild()
+        self.leading = True
         self.loop.start()
         self.loop.wake()
 
-    async def on_cleanup(self, **_: Any) -> None:
-        """Stop the loop."""
+    async def step_down(self) -> None:
+        """Stop scheduling (lost the Lease, or shutting down)."""
+        self.leading = False
         await self.loop.stop()
+
+    # -- handlers -----------------------------------------------------------------------
+    async def on_startup(self, **_: Any) -> None:
+        """Lead at once, or campaign for the Lease when leader election is configured."""
+        config = self.controller.config
+        if not config.leader_election:
+            await self.lead()
+            return
+        elector = LeaderElector(
+            self.client,
+            identity=self.identity,
+            name=config.lease_name,
+            namespace=config.lease_namespace or os.environ.get("POD_NAMESPACE", "default"),
+            lease_s=config.lease_duration_s,
+            renew_s=config.lease_renew_s,
+        )
+        self._elector = asyncio.create_task(elector.run(self.lead, self.step_down), name="gputask-leader-election")
+
+    async def on_cleanup(self, **_: Any) -> None:
+        """Stop campaigning and scheduling."""
+        if self._elector is not None:
+            self._elector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector
+        await self.step_down()
 
     async def on_task(self, event: dict[str, Any], **_: Any) -> None:
         """GPUTask added, modified or deleted."""
+        if not self.leading:
+            return
         obj = event["object"]
         if event.get("type") == "DELETED" or obj["metadata"].get("deletionTimestamp"):
             record = self.controller.on_task_deleted(obj)
-            if record is not None and record.job_name and record.key in self.controller.tasks:
+            if record is not None and record.job_name and record.phase in (ADMITTED, RUNNING):
                 await self.executor.delete_job(record)
         else:
             record = self.controller.on_task(obj)
@@ -102,6 +146,8 @@ class Operator:
 
     async def on_job(self, event: dict[str, Any], **_: Any) -> None:
         """One of our Jobs changed: track running, completion and disappearance."""
+        if not self.leading:
+            return
         obj = event["object"]
         if event.get("type") == "DELETED":
             await self._job_deleted(obj)
@@ -130,16 +176,18 @@ class Operator:
             await self.executor.evict(Evict(lost.task, lost.placement, "JobDeleted", message))
         self.loop.wake()
 
-    def _simple(self, method: Callable[..., None]) -> Handler:
-        async def handler(event: dict[str, Any], **_: Any) -> None:
-            method(event["object"], deleted=event.get("type") == "DELETED")
-            self.loop.wake()
+    def _track(self, method: str, *, timed: bool = False) -> Handler:
+        """A handler that passes the object to ``controller.inventory.<method>`` (looked up per event)."""
 
-        return handler
-
-    def _timed(self, method: Callable[..., None]) -> Handler:
         async def handler(event: dict[str, Any], **_: Any) -> None:
-            method(event["object"], time.time(), deleted=event.get("type") == "DELETED")
+            if not self.leading:
+                return
+            call = getattr(self.controller.inventory, method)
+            deleted = event.get("type") == "DELETED"
+            if timed:
+                call(event["object"], time.time(), deleted=deleted)
+            else:
+                call(event["object"], deleted=deleted)
             self.loop.wake()
 
         return handler
@@ -150,13 +198,12 @@ class Operator:
         kopf.on.cleanup(registry=reg)(self.on_cleanup)
         kopf.on.event("gputask.io", "v1alpha1", "gputasks", registry=reg)(self.on_task)
         kopf.on.event("batch", "v1", "jobs", registry=reg, annotations={TASK_UID_ANNOTATION: kopf.PRESENT})(self.on_job)
-        inv = self.controller.inventory
         for resource, handler in (
-            (("gputask.io", "v1alpha1", "gpunodes"), self._timed(inv.on_gpunode)),
-            (("v1", "nodes"), self._timed(inv.on_node)),
-            (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._simple(inv.on_queue)),
-            (("v1", "namespaces"), self._simple(inv.on_namespace)),
-            (("scheduling.k8s.io", "v1", "priorityclasses"), self._simple(inv.on_priority_class)),
-            (("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses"), self._simple(inv.on_workload_priority_class)),
+            (("gputask.io", "v1alpha1", "gpunodes"), self._track("on_gpunode", timed=True)),
+            (("v1", "nodes"), self._track("on_node", timed=True)),
+            (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue")),
+            (("v1", "namespaces"), self._track("on_namespace")),
+            (("scheduling.k8s.io", "v1", "priorityclasses"), self._track("on_priority_class")),
+            (("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses"), self._track("on_workload_priority_class")),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)

@@ -58,6 +58,7 @@ class SchedulingLoop:
                 await self.executor.apply(decisions)
                 if any(not isinstance(d, Pending) for d in decisions):
                     self.wake()  # evictions requeue work and free capacity: look again soon
+            await self.executor.report_queues()
             return len(decisions)
 
     async def _run(self) -> None:

@@ -1,0 +1,105 @@
+"""The API permissions gputask needs: one table per component, with who needs each rule and why.
+
+Kept beside :mod:`gputask.k8s.client` and built from its :class:`~gputask.k8s.client.Resource`
+constants, so a resource's group and plural are written once. Two tests hold the tables true:
+
+- ``tests/unit/test_rbac.py`` reads the code: every ``client.<verb>(RESOURCE, ...)`` call in
+  ``gputask.k8s`` and ``gputask.agent`` and every resource the kopf registry watches must be
+  granted here (a new API call without a rule fails the test);
+- ``tests/chart/test_chart.py`` renders the Helm chart: its ClusterRoles and Roles must grant
+  exactly these rules, no verb missing and none extra (least privilege).
+
+kopf's own needs are listed too: it watches CustomResourceDefinitions to notice CRDs installed
+after it starts, and posts Events. kopf peering (``--peering``, ``kopf.dev`` peering objects) is
+not used: with equal priorities it pauses every replica; replicas elect a leader through a
+``coordination.k8s.io`` Lease instead (``config.leaderElection``, :mod:`gputask.k8s.leader`),
+granted by a Role in the Lease's namespace only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gputask.k8s.client import (
+    EVENTS,
+    GPUCLUSTERQUEUES,
+    GPUNODES,
+    GPUTASKS,
+    JOBS,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PRIORITYCLASSES,
+    WORKLOADPRIORITYCLASSES,
+    Resource,
+)
+
+CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
+
+# Everything the operator rebuilds its state from and kopf keeps watching (handlers.REBUILD_ORDER).
+WATCHED = (GPUTASKS, GPUCLUSTERQUEUES, GPUNODES, JOBS, NODES, NAMESPACES, PRIORITYCLASSES, WORKLOADPRIORITYCLASSES)
+
+
+class Grant(NamedTuple):
+    """One permission: ``verb`` on ``resource`` (``plural`` or ``plural/subresource``) of ``group``."""
+
+    group: str
+    resource: str
+    verb: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Verbs on one resource of one API group, and the reason a component needs them."""
+
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+
+    def grants(self) -> frozenset[Grant]:
+        """The rule as single permissions."""
+        return frozenset(Grant(self.group, self.resource, verb) for verb in self.verbs)
+
+
+def rule(res: Resource, *verbs: str, why: str, sub: str | None = None) -> Rule:
+    """A rule on ``res`` (or its subresource ``sub``)."""
+    return Rule(res.group, f"{res.plural}/{sub}" if sub else res.plural, verbs, why)
+
+
+def grants(rules: Iterable[Rule]) -> frozenset[Grant]:
+    """Every single permission of ``rules``."""
+    return frozenset().union(*(r.grants() for r in rules))
+
+
+# The operator's ClusterRole (``gputask run``).
+OPERATOR: tuple[Rule, ...] = (
+    *(rule(res, "list", "watch", why="kopf watches it; the operator rebuilds its state from it") for res in WATCHED),
+    rule(GPUTASKS, "get", why="re-read a task after a status patch conflicted"),
+    rule(GPUTASKS, "patch", sub="status", why="phase, conditions, placement, attempt and jobName of each task"),
+    rule(
+        GPUTASKS,
+        "update",
+        sub="finalizers",
+        why="Jobs carry blockOwnerDeletion on their GPUTask "
+        "(OwnerReferencesPermissionEnforcement, e.g. OpenShift, checks it)",
+    ),
+    rule(GPUCLUSTERQUEUES, "patch", sub="status", why="usage, pending and admitted counts of each queue"),
+    rule(JOBS, "create", "delete", why="one pinned Job per admission; deleted on eviction, preemption, task deletion"),
+    rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
+    rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),
+)
+
+# The operator's Role in the Lease's namespace, only with ``config.leaderElection``.
+OPERATOR_LEADER_ELECTION: tuple[Rule, ...] = (
+    rule(LEASES, "get", "create", "update", why="campaign for, renew and take over the leader Lease"),
+)
+
+# The agent's ClusterRole (``gputask agent``, one pod per GPU node).
+AGENT: tuple[Rule, ...] = (
+    rule(GPUNODES, "get", "create", "patch", why="create its node's GPUNode and set the Node as its owner"),
+    rule(GPUNODES, "patch", sub="status", why="GPU inventory, health and heartbeat"),
+    rule(NODES, "get", why="the Node's uid for the GPUNode's ownerReference"),
+)

@@ -1,0 +1,167 @@
+"""The real operator under preemption, node failure, restarts, deletion while down, two replicas, conflicts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gputask.config import Config
+from gputask.k8s.client import GPUCLUSTERQUEUES, GPUTASKS, JOBS, NODES, PRIORITYCLASSES, NotFound
+from gputask.k8s.executor import Executor
+from harness import Cluster, eventually, gputask, running_operator
+
+A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
+FAST = Config(cycleInterval=0.2, nodeFailureGracePeriod=1)
+
+
+async def job_names(cluster: Cluster) -> list[str]:
+    """Names of the Jobs in namespace default, sorted."""
+    return sorted(j["metadata"]["name"] for j in await cluster.client.list(JOBS, "default"))
+
+
+async def status_of(cluster: Cluster, name: str) -> dict[str, Any]:
+    """A GPUTask's status ({} while it has none)."""
+    return (await cluster.task(name)).get("status") or {}
+
+
+def condition(status: dict[str, Any], ctype: str) -> tuple[str, str, str] | None:
+    """(status, reason, message) of a condition, or None."""
+    for cond in status.get("conditions") or []:
+        if cond["type"] == ctype:
+            return cond["status"], cond["reason"], cond["message"]
+    return None
+
+
+async def priority_class(cluster: Cluster, name: str, value: int) -> None:
+    """Create a scheduling.k8s.io/v1 PriorityClass."""
+    body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value}
+    await cluster.client.create(PRIORITYCLASSES, body)
+
+
+async def test_preemption_end_to_end(cluster: Cluster) -> None:
+    """A high-priority task evicts the low one: Job deleted, task requeued as Preempted, preemptor on its GPU."""
+    await cluster.add_node("node-a", A10)
+    await priority_class(cluster, "low", 10)
+    await priority_class(cluster, "high", 1000)
+    await cluster.add_queue(preemption={"withinClusterQueue": "LowerPriority"})
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("low", priorityClassName="low"))
+        await eventually(lambda: _has_job(cluster, "low-1"))
+        await cluster.submit(gputask("high", priorityClassName="high"))
+
+        await eventually(lambda: _has_job(cluster, "high-1"))
+
+        assert await job_names(cluster) == ["high-1"]
+        low = await status_of(cluster, "low")
+        message = "preempted by default/high (priority 1000) in GPUClusterQueue 'default'"
+        assert (low["phase"], condition(low, "Evicted"), low["priority"]) == (
+            "Pending",
+            ("True", "Preempted", message),
+            10,
+        )
+        assert ("Warning", "Preempted", message) in await cluster.events_for("low")
+        high_job = await cluster.client.get(JOBS, "high-1", "default")
+        assert high_job["metadata"]["annotations"]["gputask.io/placement"] == (
+            '{"node":"node-a","uuids":["GPU-a10-0"],"indices":[0],"memoryMiB":[24576]}'
+        )
+
+
+async def _has_job(cluster: Cluster, name: str) -> bool:
+    try:
+        await cluster.client.get(JOBS, name, "default")
+    except NotFound:
+        return False
+    return True
+
+
+async def test_node_failure_reschedules_on_another_node_with_a_new_job(cluster: Cluster) -> None:
+    """After the grace period a NotReady node's task is evicted (NodeFailure) and runs on node-b as attempt 2."""
+    await cluster.add_node("node-a", ("GPU-a", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("train", gpuMemory="10Gi"))
+        await eventually(lambda: _has_job(cluster, "train-1"))
+        await cluster.add_node("node-b", ("GPU-b", "NVIDIA-A10", "24Gi"))
+        not_ready = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+        await cluster.client.patch(NODES, "node-a", not_ready, status=True)
+
+        await eventually(lambda: _has_job(cluster, "train-2"))
+
+        status = await status_of(cluster, "train")
+        assert (status["attempt"], status["reschedules"], status["placement"]["node"]) == (2, 1, "node-b")
+        assert condition(status, "Evicted")[:2] == ("True", "NodeFailure")  # type: ignore[index]
+        assert await job_names(cluster) == ["train-2"]
+
+
+async def test_deleting_a_task_while_the_operator_is_down_frees_its_gpu(cluster: Cluster) -> None:
+    """A task deleted while no operator runs: the restarted operator sees its GPU free and admits the next task."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("first"))
+        await eventually(lambda: _has_job(cluster, "first-1"))
+    await cluster.client.delete(GPUTASKS, "first", "default")
+    await cluster.submit(gputask("second"))
+    async with running_operator(cluster, FAST):
+        await eventually(lambda: _has_job(cluster, "second-1"))
+    assert await job_names(cluster) == ["second-1"]
+
+
+async def test_two_replicas_one_leader_no_duplicate_jobs_and_failover(cluster: Cluster) -> None:
+    """With leader election only one replica schedules; when it stops, the other takes over without duplicates."""
+    await cluster.add_node("node-a", ("GPU-0", "NVIDIA-A10", "24Gi"), ("GPU-1", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    elect = Config(cycleInterval=0.2, leaderElection=True, leaseDuration=2, leaseRenewInterval=0.3)
+    async with running_operator(cluster, elect) as one, running_operator(cluster, elect) as two:
+        await cluster.submit(gputask("a", gpuMemory="20Gi"))
+        await eventually(lambda: _has_job(cluster, "a-1"))
+        assert sorted([one.leading, two.leading]) == [False, True]
+        leader, standby = (one, two) if one.leading else (two, one)
+        await leader.step_down()
+        leader.leading = False
+        await leader.on_cleanup()
+        await cluster.submit(gputask("b", gpuMemory="20Gi"))
+        await eventually(lambda: _has_job(cluster, "b-1"), timeout_s=20)
+        await cluster.submit(gputask("c", gpuMemory="20Gi"))
+        await asyncio.sleep(1.0)
+        assert standby.leading is True
+        assert await job_names(cluster) == ["a-1", "b-1"]
+        c = await status_of(cluster, "c")
+        assert condition(c, "Admitted") == ("False", "NoFit", "no node has 1 GPU(s) 20480 MiB free each")
+
+
+async def test_status_write_retries_from_fresh_state_on_conflict(cluster: Cluster) -> None:
+    """A status write with a stale resourceVersion gets 409 from the emulator and succeeds after re-reading."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST) as op:
+        await cluster.submit(gputask("t"))
+        await eventually(lambda: _has_job(cluster, "t-1"))
+        record = op.controller.tasks["default/t"]  # type: ignore[index]
+        stale = dict(record.obj["metadata"], resourceVersion="1")
+        record.obj = {**record.obj, "metadata": stale}
+        executor: Executor = op.executor
+        before = executor.conflicts
+        await executor.patch_status(record, message="written after a conflict")
+        assert executor.conflicts == before + 1
+        assert (await status_of(cluster, "t"))["message"] == "written after a conflict"
+
+
+async def test_queue_status_shows_counts_and_usage(cluster: Cluster) -> None:
+    """The GPUClusterQueue status reports admitted and pending counts and usage in milli-GPU and MiB."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 1}])
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("one", gpuMemory="12Gi"))
+        await cluster.submit(gputask("two", gpuMemory="12Gi"))
+        await cluster.submit(gputask("three", gpuMemory="12Gi"))
+
+        async def reported() -> dict[str, Any] | None:
+            status = (await cluster.client.get(GPUCLUSTERQUEUES, "default")).get("status") or {}
+            return status if status.get("admittedTasks") == 2 and status.get("pendingTasks") == 1 else None
+
+        status = await eventually(reported)
+    assert status["usage"] == [
+        {"name": "gputask.io/gpu-memory", "total": "24576Mi", "borrowed": "0Mi"},
+        {"name": "nvidia.com/gpu", "total": "1000m", "borrowed": "0m"},
+    ]
