@@ -10,6 +10,7 @@ Shape (YAML)::
     policy: bestfit                 # placement policy name
     queueing: gputask               # gputask | kueue
     namespace: ""                   # watch one namespace; "" = cluster-wide
+    foreignMemoryToleranceMiB: 1024 # memory used beyond our reservations and this counts as foreign
     leaderElection: false           # campaign for a coordination.k8s.io/v1 Lease; only the leader schedules
     leaseName: gputask-operator
     leaseNamespace: ""              # "" = $POD_NAMESPACE, else "default"
@@ -62,6 +63,7 @@ class Config(BaseModel):
     policy: str = "bestfit"
     queueing: Literal["gputask", "kueue"] = "gputask"
     namespace: str = ""
+    foreign_tolerance_mib: int = Field(1024, alias="foreignMemoryToleranceMiB", ge=0)
     leader_election: bool = Field(False, alias="leaderElection")
     lease_name: str = Field("gputask-operator", alias="leaseName")
     lease_namespace: str = Field("", alias="leaseNamespace")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputask.k8s.client import GPUTASKS, JOBS, NotFound
+from gputask.k8s.client import GPUNODES, GPUTASKS, JOBS, NotFound
 from gputask.k8s.handlers import Operator
-from harness import Cluster, eventually, gputask, running_operator
+from harness import Cluster, eventually, gpunode, gputask, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
 
@@ -201,3 +201,19 @@ async def test_restarted_operator_rebuilds_state_and_never_double_books(cluster:
         assert await eventually(reason) == [("Normal", "NoFit", "no node has 1 GPU(s) idle each")]
         assert [j["metadata"]["name"] for j in await cluster.client.list(JOBS, "default")] == ["first-1"]
         assert second.controller.scheduler.placement_of("default/first") is not None
+
+
+async def test_memory_used_outside_gputask_is_not_overcommitted(cluster: Cluster, operator: Operator) -> None:
+    """A GPU whose reported use (20Gi, none of it ours) leaves too little room gets no 10Gi task; the idle GPU does."""
+    await cluster.add_node("node-a", ("GPU-busy", "NVIDIA-A10", "24Gi"), ("GPU-idle", "NVIDIA-A10", "24Gi"))
+    body = gpunode("node-a", ("GPU-busy", "NVIDIA-A10", "24Gi"), ("GPU-idle", "NVIDIA-A10", "24Gi"))
+    body["status"]["gpus"][0]["memoryUsed"] = "20Gi"
+    await cluster.client.patch(GPUNODES, "node-a", {"status": body["status"]}, status=True)
+    await cluster.add_queue()
+    await cluster.submit(gputask("t", gpuMemory="10Gi"))
+
+    job = await eventually(lambda: job_of(cluster, "t-1"))
+
+    assert job["metadata"]["annotations"]["gputask.io/placement"] == (
+        '{"node":"node-a","uuids":["GPU-idle"],"indices":[1],"memoryMiB":[10240]}'
+    )

@@ -37,6 +37,12 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "policy": "bestfit",
         "queueing": "gputask",
         "namespace": "",
+        "foreignMemoryToleranceMiB": 1024,
+        "leaderElection": False,
+        "leaseName": "gputask-operator",
+        "leaseNamespace": "",
+        "leaseDuration": 15.0,
+        "leaseRenewInterval": 5.0,
     }
 
 
@@ -60,6 +66,12 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "policy": "firstfit",
         "queueing": "kueue",
         "namespace": "ml",
+        "foreignMemoryToleranceMiB": 1024,
+        "leaderElection": False,
+        "leaseName": "gputask-operator",
+        "leaseNamespace": "",
+        "leaseDuration": 15.0,
+        "leaseRenewInterval": 5.0,
     }
 
 

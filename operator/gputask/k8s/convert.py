@@ -249,8 +249,8 @@ def node_from_gpunode(
     Errors: none raised; bad entries are reported in the returned list.
 
     A malformed entry is rejected alone (a broken agent field never hides the node's other
-    GPUs). ``memoryUsed`` is reported as foreign use; the adapter subtracts what gputask
-    reserved before passing it here if it wants a net figure.
+    GPUs). ``memoryUsed`` is validated here; :func:`reported_used_mib` reads it, and the
+    inventory turns it into foreign use net of what gputask reserved.
     """
     gpus: list[Gpu] = []
     errors: list[str] = []
@@ -290,3 +290,25 @@ def _gpu(raw: Any) -> Gpu:
     if not isinstance(healthy, bool):
         raise ValueError(f"healthy must be a boolean, got {healthy!r}")
     return Gpu(index, uuid, str(product).replace(" ", "-"), memory, healthy)
+
+
+def reported_used_mib(status: Mapping[str, Any] | None) -> dict[int, int]:
+    """MiB in use per GPU index as the agent reported it (``memoryUsed``, rounded down).
+
+    Entries without a valid index or quantity are skipped (they are rejected by
+    :func:`node_from_gpunode` already).
+    """
+    out: dict[int, int] = {}
+    for raw in (status or {}).get("gpus") or []:
+        if not isinstance(raw, Mapping) or raw.get("memoryUsed") is None:
+            continue
+        index = raw.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            continue
+        try:
+            amount = quantity(raw["memoryUsed"], field="memoryUsed")
+        except ValueError:
+            continue
+        if amount >= 0:
+            out[index] = math.floor(amount / MIB)
+    return out

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from gputask.config import Config
-from gputask.core import InvalidQueueError, NodeName, Scheduler
+from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
 from gputask.k8s import convert
 
 log = logging.getLogger("gputask.inventory")
@@ -113,11 +114,31 @@ class Inventory:
         self.stale.discard(name) if not stale else self.stale.add(name)
         cordoned = bool(((self.nodes.get(name) or {}).get("spec") or {}).get("unschedulable"))
         node, errors = convert.node_from_gpunode(name, status, schedulable=not (stale or cordoned))
+        node = self._with_foreign_use(node, convert.reported_used_mib(status))
         if errors != self.gpunode_errors.get(name, []):
             for line in errors:
                 log.warning("GPUNode %s: rejected %s", name, line)
         self.gpunode_errors[name] = errors
         self.scheduler.set_node(node)
+
+    def _with_foreign_use(self, node: Node, used: Mapping[int, int]) -> Node:
+        """Memory used beyond what gputask reserved (minus a tolerance) counts as foreign use.
+
+        A GPU busy with work gputask did not place must not be over-committed (issue: node
+        agent, foreign use). The tolerance absorbs CUDA context overhead of our own tasks.
+        """
+        known = self.scheduler.cluster.node(node.name) if self.scheduler.cluster.has_node(node.name) else None
+        tolerance = self.config.foreign_tolerance_mib
+        gpus = []
+        for gpu in node.gpus:
+            reserved = 0
+            if known is not None and gpu.index in known.position:
+                pos = known.position[gpu.index]
+                if known.node.gpus[pos].uuid == gpu.uuid:
+                    reserved = known.reserved_mib[pos]
+            foreign = max(0, used.get(gpu.index, 0) - reserved - tolerance)
+            gpus.append(replace(gpu, foreign_mib=min(foreign, gpu.memory_mib)))
+        return replace(node, gpus=tuple(gpus))
 
     def check_heartbeats(self, now: float) -> None:
         """Re-evaluate heartbeat staleness (time passes without events)."""
