@@ -44,7 +44,7 @@ async def test_preemption_end_to_end(cluster: Cluster) -> None:
     await priority_class(cluster, "low", 10)
     await priority_class(cluster, "high", 1000)
     await cluster.add_queue(preemption={"withinClusterQueue": "LowerPriority"})
-    async with running_operator(cluster, FAST):
+    async with running_operator(cluster, FAST) as op:
         await cluster.submit(gputask("low", priorityClassName="low"))
         await eventually(lambda: _has_job(cluster, "low-1"))
         await cluster.submit(gputask("high", priorityClassName="high"))
@@ -64,6 +64,30 @@ async def test_preemption_end_to_end(cluster: Cluster) -> None:
         assert high_job["metadata"]["annotations"]["gputask.io/placement"] == (
             '{"node":"node-a","uuids":["GPU-a10-0"],"indices":[0],"memoryMiB":[24576]}'
         )
+        await op.loop.run_once()
+        sample = op.metrics.registry.get_sample_value
+        q = {"queue": "default"}
+        assert {
+            "preemptions": sample("gputask_preemptions_total", q),
+            "evicted": sample("gputask_evictions_total", {"reason": "Preempted"}),
+            "admitted": sample("gputask_admitted_tasks", q),
+            "pending": sample("gputask_pending_tasks", q),
+            "gpus": sample("gputask_queue_usage", {**q, "resource": "nvidia.com/gpu"}),
+            "bytes": sample("gputask_queue_usage", {**q, "resource": "gputask.io/gpu-memory"}),
+            "reserved": sample("gputask_node_gpu_memory_reserved_bytes", {"node": "node-a"}),
+            "free": sample("gputask_node_gpu_memory_free_bytes", {"node": "node-a"}),
+            "latency_count": sample("gputask_admission_latency_seconds_count"),
+        } == {
+            "preemptions": 1.0,
+            "evicted": 1.0,
+            "admitted": 1.0,
+            "pending": 1.0,
+            "gpus": 1.0,
+            "bytes": float(24 << 30),
+            "reserved": float(24 << 30),
+            "free": 0.0,
+            "latency_count": 2.0,
+        }
 
 
 async def _has_job(cluster: Cluster, name: str) -> bool:

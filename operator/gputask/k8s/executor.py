@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from gputask.core.scheduler import Evict, Fail
 from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, GPUTASKS, JOBS, AlreadyExists, ApiError, Conflict, KubeClient
 from gputask.k8s.controller import ADMITTED, FAILED, PENDING, Controller, TaskRecord
 from gputask.k8s.jobs import build_job, job_name
+from gputask.metrics import OperatorMetrics
 
 log = logging.getLogger("gputask.executor")
 
@@ -118,13 +120,18 @@ def describe(placement: Placement) -> str:
 class Executor:
     """Applies decisions and reports task state; owns no scheduling state of its own."""
 
-    def __init__(self, client: KubeClient, controller: Controller) -> None:
+    def __init__(self, client: KubeClient, controller: Controller, metrics: OperatorMetrics | None = None) -> None:
         self.client = client
         self.controller = controller
+        self.metrics = metrics or OperatorMetrics()
         self.api_errors = 0
         self.conflicts = 0
         self._queue_reports: dict[str, dict[str, Any]] = {}
         self._limit = asyncio.Semaphore(CONCURRENCY)
+
+    def _api_error(self) -> None:
+        self.api_errors += 1
+        self.metrics.api_errors.inc()
 
     async def apply(self, decisions: Iterable[Decision]) -> None:
         """Apply decisions: one task's in order (an Evict before its re-Admit), tasks concurrently."""
@@ -163,10 +170,12 @@ class Executor:
         except AlreadyExists:
             log.info("Job %s/%s exists already: taking it as created", namespace, job["metadata"]["name"])
         except ApiError as exc:
-            self.api_errors += 1
+            self._api_error()
             log.warning("creating Job for %s failed (%s); requeued", key, exc)
             self.controller.scheduler.unadmit(key)
             return
+        if attempt == 1 and decision.task.created:
+            self.metrics.latency.observe(max(0.0, time.time() - decision.task.created))
         record.attempt, record.job_name = attempt, job_name(record.obj["metadata"]["name"], attempt)
         record.placement, record.phase = decision.placement, ADMITTED
         where = describe(decision.placement)
@@ -203,8 +212,12 @@ class Executor:
         gone = await self.delete_job(record, propagation=propagation)
         if gone:
             self.controller.scheduler.victim_gone(key)
+        self.metrics.evictions.labels(decision.reason).inc()
+        if decision.reason == "Preempted":
+            self.metrics.preemptions.labels(decision.task.queue).inc()
         if decision.reason in ("NodeFailure", "GPUFailure"):
             record.reschedules += 1
+            self.metrics.reschedules.inc()
         record.phase, record.placement = PENDING, None
         set_condition(record, "Evicted", True, decision.reason, decision.message)
         set_condition(record, "Requeued", True, decision.reason, f"requeued after {decision.reason}")
@@ -248,7 +261,7 @@ class Executor:
         try:
             return not await self.client.delete(JOBS, record.job_name, namespace, propagation=propagation)
         except ApiError as exc:
-            self.api_errors += 1
+            self._api_error()
             log.warning("deleting Job %s/%s failed: %s", namespace, record.job_name, exc)
             return False
 
@@ -281,7 +294,7 @@ class Executor:
                 meta = record.obj["metadata"]
                 continue
             except ApiError as exc:
-                self.api_errors += 1
+                self._api_error()
                 log.warning("status patch of %s failed: %s", record.key, exc)
                 return
             meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", meta.get("resourceVersion"))
@@ -310,7 +323,7 @@ class Executor:
                 await self.client.patch(GPUCLUSTERQUEUES, name, {"status": status}, status=True)
             except ApiError as exc:
                 if exc.status != 404:
-                    self.api_errors += 1
+                    self._api_error()
                     log.warning("status patch of GPUClusterQueue %s failed: %s", name, exc)
                 continue
             self._queue_reports[name] = seen
@@ -343,5 +356,5 @@ class Executor:
         try:
             await self.client.create(EVENTS, body, namespace)
         except ApiError as exc:
-            self.api_errors += 1
+            self._api_error()
             log.warning("event for %s failed: %s", record.key, exc)

@@ -39,6 +39,7 @@ from gputask.k8s.executor import Executor
 from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
+from gputask.metrics import OperatorMetrics
 
 log = logging.getLogger("gputask.handlers")
 
@@ -67,7 +68,8 @@ class Operator:
     def __init__(self, controller: Controller, client: KubeClient, *, identity: str | None = None) -> None:
         self.controller = controller
         self.client = client
-        self.executor = Executor(client, controller)
+        self.metrics = OperatorMetrics()
+        self.executor = Executor(client, controller, self.metrics)
         self.loop = SchedulingLoop(controller, self.executor)
         self.registry = kopf.OperatorRegistry()
         self.leading = False

@@ -52,13 +52,16 @@ class SchedulingLoop:
         async with self._running:
             now = time.time()
             self.controller.inventory.check_heartbeats(now)
+            started = time.perf_counter()
             decisions = self.controller.scheduler.cycle(now)
+            self.executor.metrics.cycle.observe(time.perf_counter() - started)
             self.cycles += 1
             if decisions:
                 await self.executor.apply(decisions)
                 if any(not isinstance(d, Pending) for d in decisions):
                     self.wake()  # evictions requeue work and free capacity: look again soon
             await self.executor.report_queues()
+            self.executor.metrics.refresh(self.controller.scheduler)
             return len(decisions)
 
     async def _run(self) -> None:

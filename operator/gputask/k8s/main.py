@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import kopf
+import prometheus_client
 
 from gputask.config import Config
 from gputask.k8s.client import KubeClient, load_api_client
@@ -59,8 +60,16 @@ async def run_operator(
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
     peering: str | None = None,
+    liveness_endpoint: str | None = None,
+    metrics_port: int | None = None,
 ) -> None:
-    """Run kopf with the operator's registry until ``stop_flag`` is set (or forever)."""
+    """Run kopf with the operator's registry until ``stop_flag`` is set (or forever).
+
+    ``liveness_endpoint`` (e.g. ``http://0.0.0.0:8080/healthz``) is kopf's probe endpoint;
+    ``metrics_port`` serves the operator's Prometheus metrics on all interfaces.
+    """
+    if metrics_port:
+        prometheus_client.start_http_server(metrics_port, registry=operator.metrics.registry)
     namespace = operator.controller.config.namespace
     await kopf.operator(
         registry=operator.registry,
@@ -69,4 +78,5 @@ async def run_operator(
         namespaces=[namespace] if namespace else (),
         stop_flag=stop_flag,
         ready_flag=ready_flag,
+        liveness_endpoint=liveness_endpoint,
     )

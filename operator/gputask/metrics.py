@@ -1,0 +1,100 @@
+"""Prometheus metrics of the operator (``gputask_`` prefix, base units, low-cardinality labels).
+
+One :class:`OperatorMetrics` per operator instance, on its own registry (tests run several).
+Gauges are refreshed from the scheduler after each cycle; counters and histograms are
+observed where the events happen. Served by ``gputask run --metrics-port``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gputask.core import GPU, GPU_MEMORY, MILLI_PER_GPU, Scheduler
+
+MIB = 1 << 20
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+def fragmentation_ratio(scheduler: Scheduler) -> float:
+    """Share of free GPU memory that sits on partly used GPUs (0 when nothing is free).
+
+    Memory free on a GPU that already holds work can only take smaller tasks; a whole idle GPU
+    can take anything. This is a simple, workload-independent stand-in for the FGD paper's
+    fragmentation measure (Weng et al., USENIX ATC '23), which needs a target workload.
+    """
+    free_total = free_fragmented = 0
+    for state in scheduler.cluster.sorted_nodes():
+        if not state.node.schedulable:
+            continue
+        for pos in range(len(state.node.gpus)):
+            free = state.free_mib(pos)
+            free_total += free
+            if not state.is_idle(pos):
+                free_fragmented += free
+    return free_fragmented / free_total if free_total else 0.0
+
+
+class OperatorMetrics:
+    """The operator's metrics, registered on ``registry`` (a new one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.pending = Gauge("gputask_pending_tasks", "Tasks waiting in each queue.", ["queue"], registry=r)
+        self.admitted = Gauge("gputask_admitted_tasks", "Tasks admitted and not finished.", ["queue"], registry=r)
+        self.usage = Gauge(
+            "gputask_queue_usage",
+            "Quota used per queue: GPUs for nvidia.com/gpu, bytes for gputask.io/gpu-memory.",
+            ["queue", "resource"],
+            registry=r,
+        )
+        self.borrowed = Gauge(
+            "gputask_queue_borrowed", "Quota used beyond nominalQuota (same units).", ["queue", "resource"], registry=r
+        )
+        self.reserved = Gauge(
+            "gputask_node_gpu_memory_reserved_bytes", "GPU memory reserved by gputask per node.", ["node"], registry=r
+        )
+        self.free = Gauge("gputask_node_gpu_memory_free_bytes", "GPU memory free per node.", ["node"], registry=r)
+        self.fragmentation = Gauge(
+            "gputask_cluster_fragmentation_ratio", "Share of free GPU memory on partly used GPUs.", registry=r
+        )
+        self.cycle = Histogram(
+            "gputask_scheduling_cycle_duration_seconds",
+            "Duration of a scheduling cycle.",
+            buckets=CYCLE_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gputask_admission_latency_seconds",
+            "Time from GPUTask creation to its Job's creation.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "gputask_preemptions_total", "Tasks preempted, by victim queue.", ["queue"], registry=r
+        )
+        self.evictions = Counter("gputask_evictions_total", "Tasks evicted, by reason.", ["reason"], registry=r)
+        self.reschedules = Counter("gputask_reschedules_total", "Re-placements after node or GPU failure.", registry=r)
+        self.api_errors = Counter("gputask_api_errors_total", "Failed Kubernetes API calls.", registry=r)
+
+    def refresh(self, scheduler: Scheduler) -> None:
+        """Set the gauges from the scheduler's state (after a cycle)."""
+        for queue, report in scheduler.queue_status().items():
+            self.pending.labels(queue).set(report["pending"])  # type: ignore[arg-type]
+            self.admitted.labels(queue).set(report["admitted"])  # type: ignore[arg-type]
+            usage, borrowed = report["usage"], report["borrowed"]
+            assert isinstance(usage, dict) and isinstance(borrowed, dict)
+            for resource in (GPU, GPU_MEMORY):
+                self.usage.labels(queue, resource).set(_base(resource, usage.get(resource, 0)))
+                self.borrowed.labels(queue, resource).set(_base(resource, borrowed.get(resource, 0)))
+        for state in scheduler.cluster.sorted_nodes():
+            free = sum(state.free_mib(p) for p in range(len(state.node.gpus)))
+            self.reserved.labels(state.name).set(sum(state.reserved_mib) * MIB)
+            self.free.labels(state.name).set(free * MIB)
+        self.fragmentation.set(fragmentation_ratio(scheduler))
+
+
+def _base(resource: str, amount: int) -> float:
+    """milli-GPU to GPUs, MiB to bytes."""
+    return amount / MILLI_PER_GPU if resource == GPU else float(amount * MIB)
