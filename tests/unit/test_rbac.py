@@ -1,0 +1,122 @@
+"""The RBAC tables in gputask.k8s.rbac cover every API call the operator and the agent make."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from kubernetes import client as k8s_client
+
+from gputask.config import Config
+from gputask.k8s import client as client_module
+from gputask.k8s import rbac
+from gputask.k8s.client import KubeClient, Resource
+from gputask.k8s.controller import Controller
+from gputask.k8s.handlers import REBUILD_ORDER, Operator
+from gputask.k8s.rbac import Grant
+
+PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "gputask"
+# KubeClient method -> Kubernetes verb.
+CLIENT_VERBS = {
+    "get": "get",
+    "list": "list",
+    "create": "create",
+    "patch": "patch",
+    "replace": "update",
+    "delete": "delete",
+}
+RESOURCES = {name: value for name, value in vars(client_module).items() if isinstance(value, Resource)}
+
+
+def client_calls(source: str) -> set[Grant]:
+    """Grants needed by ``<something>.client.<verb>(RESOURCE, ...)`` calls whose resource is a client.py constant."""
+    needed = set()
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = node.func.value
+        on_client = (isinstance(receiver, ast.Attribute) and receiver.attr == "client") or (
+            isinstance(receiver, ast.Name) and receiver.id == "client"
+        )
+        if not on_client or node.func.attr not in CLIENT_VERBS or not node.args:
+            continue
+        first = node.args[0]
+        if not (isinstance(first, ast.Name) and first.id in RESOURCES):
+            continue  # a variable resource (handlers' rebuild loop) is covered by test_rebuild_lists_are_granted
+        res = RESOURCES[first.id]
+        status = any(k.arg == "status" and isinstance(k.value, ast.Constant) and k.value.value for k in node.keywords)
+        needed.add(Grant(res.group, f"{res.plural}/status" if status else res.plural, CLIENT_VERBS[node.func.attr]))
+    return needed
+
+
+def package_calls(subpackage: str) -> set[Grant]:
+    """Grants needed by every module of ``gputask.<subpackage>``."""
+    return set().union(*(client_calls(path.read_text()) for path in sorted((PACKAGE / subpackage).glob("*.py"))))
+
+
+def test_client_call_scanner_reads_verb_resource_and_status_subresource() -> None:
+    """The scanner maps each KubeClient call on a client.py constant to its (group, resource, verb)."""
+    source = (
+        "async def f(self, client, resource):\n"
+        "    await self.client.create(JOBS, body, ns)\n"
+        "    await client.patch(GPUTASKS, name, body, ns, status=True)\n"
+        "    await self.client.get(NODES, name)\n"
+        "    await self.client.replace(LEASES, name, body, ns)\n"
+        "    await self.client.list(resource)\n"
+        "    await other.create(EVENTS, body)\n"
+    )
+    assert client_calls(source) == {
+        Grant("batch", "jobs", "create"),
+        Grant("gputask.io", "gputasks/status", "patch"),
+        Grant("", "nodes", "get"),
+        Grant("coordination.k8s.io", "leases", "update"),
+    }
+
+
+def test_every_operator_api_call_is_granted() -> None:
+    """Each client call in gputask.k8s has a rule in rbac.OPERATOR or the leader-election Role."""
+    granted = rbac.grants(rbac.OPERATOR) | rbac.grants(rbac.OPERATOR_LEADER_ELECTION)
+    assert package_calls("k8s") - granted == set()
+
+
+def test_leader_election_role_is_exactly_what_the_elector_calls() -> None:
+    """The leader-election Role grants exactly the Lease calls of gputask.k8s.leader."""
+    assert rbac.grants(rbac.OPERATOR_LEADER_ELECTION) == client_calls((PACKAGE / "k8s" / "leader.py").read_text())
+
+
+def test_every_agent_api_call_is_granted() -> None:
+    """Each client call in gputask.agent has a rule in rbac.AGENT."""
+    assert package_calls("agent") - rbac.grants(rbac.AGENT) == set()
+
+
+def test_agent_rules_are_exactly_what_its_code_calls() -> None:
+    """rbac.AGENT grants nothing the agent's code never asks for (least privilege)."""
+    assert rbac.grants(rbac.AGENT) == package_calls("agent")
+
+
+def test_every_resource_kopf_watches_is_granted_list_and_watch() -> None:
+    """Each resource the operator's kopf registry watches is granted list and watch."""
+    operator = Operator(Controller(Config()), KubeClient(k8s_client.ApiClient()))
+    watched = {
+        (handler.selector.group or "", handler.selector.plural or handler.selector.any_name)
+        for handler in operator.registry._watching.get_all_handlers()  # kopf has no public accessor
+    }
+    needed = {Grant(group, plural, verb) for group, plural in watched for verb in ("list", "watch")}
+    assert needed - rbac.grants(rbac.OPERATOR) == set()
+
+
+def test_rebuild_lists_are_granted() -> None:
+    """Each resource the operator lists at start to rebuild its state is granted list."""
+    needed = {Grant(res.group, res.plural, "list") for res, _labels in REBUILD_ORDER.values()}
+    assert needed - rbac.grants(rbac.OPERATOR) == set()
+
+
+def test_operator_writes_only_status_of_its_custom_resources() -> None:
+    """The operator never writes a GPUTask's or GPUClusterQueue's spec: GitOps owns it."""
+    writes = {g for g in rbac.grants(rbac.OPERATOR) if g.verb in ("create", "update", "patch", "delete")}
+    custom = {(g.resource, g.verb) for g in writes if g.group == "gputask.io"}
+    assert custom == {
+        ("gputasks/status", "patch"),
+        ("gputasks/finalizers", "update"),
+        ("gpuclusterqueues/status", "patch"),
+    }
