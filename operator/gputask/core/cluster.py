@@ -9,15 +9,22 @@ Invariants (checked by :meth:`ClusterState.violations` and the property tests):
   made here (foreign use reported later can exceed it: that is the agent's truth);
 - an exclusive (whole-GPU) reservation is the only one on its GPU;
 - a task is reserved on at most one node.
+
+For speed at thousands of nodes the state also keeps a :class:`NodeIndex`: per-node
+aggregates in name order (free CPU and memory, idle GPUs, largest free share) refreshed on
+every change, which let placement skip nodes that cannot fit in O(1) and evaluate each group
+of identical nodes once. It is a cache: it never changes what placement decides.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gputask.core.errors import OverCommitError, UnknownNodeError
-from gputask.core.model import Gpu, GpuSlot, Node, NodeName, Placement, Task, TaskKey
+from gputask.core.model import MILLI_PER_GPU, Gpu, GpuSlot, Node, NodeName, Placement, Task, TaskKey
 
 
 @dataclass(slots=True)
@@ -83,6 +90,103 @@ class NodeState:
         return None if cap is None else cap - self.memory_used_mib
 
 
+UNTRACKED = 1 << 62
+"""Free CPU or memory of a node that does not track it: larger than any request."""
+
+
+class NodeIndex:
+    """Per-node aggregates in name order, so placement can filter and group nodes cheaply.
+
+    ``states[i]`` is the i-th node in name order; the other lists are columns of that row:
+    - ``free_cpu`` / ``free_memory``: free millicores / MiB (:data:`UNTRACKED` when the node does
+      not track it, -1 when the node is unschedulable, so nothing passes);
+    - ``idle``: GPUs that are healthy and hold nothing;
+    - ``max_free_mib``: the most free MiB on one GPU;
+    - ``max_free_milli``: the largest free share of one GPU, in milli of that GPU, rounded down
+      (``gpu_fraction`` f fits a GPU exactly when this share of it is >= f);
+    - ``group``: equal for two rows exactly when everything placement reads of the two nodes,
+      except their names and GPU uuids, is equal (ids of interned keys, never reused).
+
+    ``memos`` is placement's scratch space: evaluations remembered by group id, per policy
+    object; it lives and dies with the index, so a group id always means one node state.
+
+    :class:`ClusterState` refreshes a row on every change of its node and drops the index when
+    nodes are added or removed.
+    """
+
+    def __init__(self, states: list[NodeState]) -> None:
+        self.states = list(states)
+        self.row = {s.name: i for i, s in enumerate(self.states)}
+        n = len(self.states)
+        self.free_cpu = [0] * n
+        self.free_memory = [0] * n
+        self.idle = [0] * n
+        self.max_free_mib = [0] * n
+        self.max_free_milli = [0] * n
+        self.group = [0] * n
+        self.products: Counter[str] = Counter(g.product for s in self.states for g in s.node.gpus)
+        self.memos: dict[int, tuple[object, dict[Any, Any]]] = {}
+        self._ids: dict[tuple[object, ...], int] = {}
+        self._next_id = 0
+        for i, state in enumerate(self.states):
+            self._fill(i, state)
+
+    def refresh(self, state: NodeState) -> None:
+        """Recompute the row of ``state`` (after a reservation changed it)."""
+        self._fill(self.row[state.name], state)
+
+    def replace(self, state: NodeState) -> None:
+        """Put a new state object in place of the node's old one (``set_node`` of a known node)."""
+        i = self.row[state.name]
+        self.products.subtract(g.product for g in self.states[i].node.gpus)
+        self.products.update(g.product for g in state.node.gpus)
+        self.states[i] = state
+        self._fill(i, state)
+
+    def has_product(self, products: Iterable[str]) -> bool:
+        """True when some node has a GPU of one of ``products``."""
+        return any(self.products[p] > 0 for p in products)
+
+    def _fill(self, i: int, state: NodeState) -> None:
+        node = state.node
+        idle = max_mib = max_milli = 0
+        for pos, gpu in enumerate(node.gpus):
+            free = state.free_mib(pos)
+            idle += state.is_idle(pos)
+            max_mib = max(max_mib, free)
+            max_milli = max(max_milli, free * MILLI_PER_GPU // gpu.memory_mib if gpu.memory_mib else MILLI_PER_GPU)
+        cpu, memory = state.cpu_free, state.memory_free_mib
+        self.free_cpu[i] = -1 if not node.schedulable else UNTRACKED if cpu is None else cpu
+        self.free_memory[i] = -1 if not node.schedulable else UNTRACKED if memory is None else memory
+        self.idle[i], self.max_free_mib[i], self.max_free_milli[i] = idle, max_mib, max_milli
+        self.group[i] = self._intern(_placement_key(state))
+
+    def _intern(self, key: tuple[object, ...]) -> int:
+        found = self._ids.get(key)
+        if found is None:
+            if len(self._ids) > 4 * len(self.states) + 1024:
+                self._ids.clear()  # bound memory; fresh ids keep "same id => same key" true
+            found = self._ids[key] = self._next_id
+            self._next_id += 1
+        return found
+
+
+def _placement_key(state: NodeState) -> tuple[object, ...]:
+    """Everything placement may read of a node except its name and GPU uuids."""
+    node = state.node
+    return (
+        node.schedulable,
+        node.cpu_milli,
+        node.memory_mib,
+        node.labels,
+        tuple((g.index, g.product, g.memory_mib, g.healthy, g.foreign_mib) for g in node.gpus),
+        tuple(state.reserved_mib),
+        tuple(state.exclusive),
+        state.cpu_used,
+        state.memory_used_mib,
+    )
+
+
 class ClusterState:
     """All nodes and reservations. Not thread-safe: one scheduler owns it.
 
@@ -93,6 +197,7 @@ class ClusterState:
     def __init__(self, nodes: Iterable[Node] = ()) -> None:
         self._nodes: dict[NodeName, NodeState] = {}
         self._sorted: list[NodeState] | None = None
+        self._index: NodeIndex | None = None
         self._reservations: dict[TaskKey, Reservation] = {}
         self.generation = 0
         for node in nodes:
@@ -122,10 +227,12 @@ class ClusterState:
             state.cpu_used, state.memory_used_mib = old.cpu_used, old.memory_used_mib
             state.generation = old.generation + 1
         else:
-            self._sorted = None
+            self._sorted = self._index = None
         self._nodes[node.name] = state
         if self._sorted is not None:
             self._sorted = [state if s.name == node.name else s for s in self._sorted]
+        if self._index is not None:
+            self._index.replace(state)
         self.generation += 1
         return sorted(set(lost))
 
@@ -134,7 +241,7 @@ class ClusterState:
         state = self._nodes.pop(name, None)
         if state is None:
             return []
-        self._sorted = None
+        self._sorted = self._index = None
         self.generation += 1
         return sorted(state.tasks)
 
@@ -154,6 +261,18 @@ class ClusterState:
         if self._sorted is None:
             self._sorted = [self._nodes[n] for n in sorted(self._nodes)]
         return self._sorted
+
+    def index(self) -> NodeIndex:
+        """The per-node aggregates in name order (built on first use, then kept up to date)."""
+        if self._index is None:
+            self._index = NodeIndex(self.sorted_nodes())
+        return self._index
+
+    def _touched(self, state: NodeState) -> None:
+        state.generation += 1
+        self.generation += 1
+        if self._index is not None:
+            self._index.refresh(state)
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.sorted_nodes())
@@ -179,9 +298,8 @@ class ClusterState:
         state.cpu_used += task.cpu_milli
         state.memory_used_mib += task.memory_mib
         state.tasks[task.key] = placement
-        state.generation += 1
-        self.generation += 1
         self._reservations[task.key] = Reservation(task, placement, exclusive)
+        self._touched(state)
 
     def force_reserve(self, task: Task, placement: Placement) -> None:
         """Record an existing placement (rebuilt after a restart) even if it over-commits.
@@ -202,9 +320,8 @@ class ClusterState:
         state.cpu_used += task.cpu_milli
         state.memory_used_mib += task.memory_mib
         state.tasks[task.key] = placement
-        state.generation += 1
-        self.generation += 1
         self._reservations[task.key] = Reservation(task, placement, exclusive)
+        self._touched(state)
 
     def _check_fits(self, state: NodeState, placement: Placement, exclusive: bool) -> list[int]:
         positions: list[int] = []
@@ -219,8 +336,7 @@ class ClusterState:
                 raise OverCommitError(f"{state.name}: GPU {slot.index} is not idle")
             if slot.memory_mib > state.free_mib(pos):
                 raise OverCommitError(
-                    f"{state.name}: GPU {slot.index} has {state.free_mib(pos)} MiB free, "
-                    f"{slot.memory_mib} MiB asked"
+                    f"{state.name}: GPU {slot.index} has {state.free_mib(pos)} MiB free, {slot.memory_mib} MiB asked"
                 )
             positions.append(pos)
         return positions
@@ -241,8 +357,9 @@ class ClusterState:
                         state.exclusive[pos] = False
             state.cpu_used -= res.task.cpu_milli
             state.memory_used_mib -= res.task.memory_mib
-            state.generation += 1
-        self.generation += 1
+            self._touched(state)
+        else:
+            self.generation += 1
         return res.placement
 
     def reservation(self, key: TaskKey) -> Reservation | None:
@@ -261,8 +378,7 @@ class ClusterState:
             for pos, gpu in enumerate(state.node.gpus):
                 if state.reserved_mib[pos] > gpu.memory_mib:
                     out.append(
-                        f"{state.name} GPU {gpu.index}: {state.reserved_mib[pos]} MiB reserved "
-                        f"> {gpu.memory_mib} MiB"
+                        f"{state.name} GPU {gpu.index}: {state.reserved_mib[pos]} MiB reserved > {gpu.memory_mib} MiB"
                     )
                 holders = [k for k, p in state.tasks.items() if gpu.index in p.indices]
                 if state.exclusive[pos] and len(holders) > 1:
@@ -273,6 +389,4 @@ class ClusterState:
 def slots_for(state: NodeState, task: Task, positions: Iterable[int]) -> tuple[GpuSlot, ...]:
     """The GpuSlots a task gets on ``positions`` of ``state`` (MiB per the request's shape)."""
     gpus = state.node.gpus
-    return tuple(
-        GpuSlot(gpus[p].index, gpus[p].uuid, task.request.mib_on(gpus[p])) for p in positions
-    )
+    return tuple(GpuSlot(gpus[p].index, gpus[p].uuid, task.request.mib_on(gpus[p])) for p in positions)

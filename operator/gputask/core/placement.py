@@ -5,16 +5,28 @@ filters the GPUs of one node, a :class:`Policy` picks GPUs on a node and scores 
 result (lower is better), and :func:`find_placement` returns the best node, ties going to
 the smallest node name (then the lowest GPU index inside the node). Policies are plain
 objects so the trace benchmark can compete them (issue "Beat FGD").
+
+Speed (the trace replay places ~10,000 tasks on 1,213 nodes per run): :func:`find_placement`
+first keeps only the nodes whose aggregates in the cluster's :class:`NodeIndex` allow a fit
+(a necessary condition, O(1) per node). For a policy whose choice depends only on a node's
+state (``scores_by_state``) it then remembers each evaluation by (group of identical node
+states, task shape), so a node whose state has not changed since it was last evaluated for
+that shape costs a dictionary lookup; and when no quota check is given it visits one node
+per group, the one with the smallest name, which is the only one of its group that can win.
+None of this changes the result. (With a quota check every node is still checked: the check
+may depend on the node's name.)
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import ge
 from typing import Protocol
 
-from gputask.core.cluster import ClusterState, NodeState, slots_for
+from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
 from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, Task
 
 QuotaCheck = Callable[[NodeState, Placement], "str | None"]
@@ -28,15 +40,16 @@ def feasible_gpus(state: NodeState, task: Task) -> list[int]:
     Node-level checks (schedulable, CPU, host memory, count) are in :func:`node_fits`.
     """
     req = task.request
+    products = req.products
     gpus = state.node.gpus
+    if req.exclusive:
+        return [pos for pos, gpu in enumerate(gpus) if (not products or gpu.product in products) and state.is_idle(pos)]
     out: list[int] = []
     for pos, gpu in enumerate(gpus):
-        if not req.allows(gpu.product):
+        if products and gpu.product not in products:
             continue
-        if req.exclusive:
-            if state.is_idle(pos):
-                out.append(pos)
-        elif state.free_mib(pos) >= req.mib_on(gpu) and req.mib_on(gpu) <= gpu.memory_mib:
+        need = req.mib_on(gpu)
+        if state.free_mib(pos) >= need and need <= gpu.memory_mib:
             out.append(pos)
     return out
 
@@ -73,7 +86,17 @@ def tightest(state: NodeState, task: Task, feasible: Sequence[int]) -> tuple[int
 
 
 class Policy(Protocol):
-    """A placement policy: chooses GPUs on one node and scores the choice (lower is better)."""
+    """A placement policy: chooses GPUs on one node and scores the choice (lower is better).
+
+    Optional attributes that :func:`find_placement` reads when present:
+    - ``stop_at_first: bool``: take the first fitting node visited, score nothing more;
+    - ``scores_by_state: bool``: ``choose`` and ``score`` depend only on the node's state and
+      the task's request, CPU and memory, never on the node's name, GPU uuids, other task
+      fields or earlier calls; their results are then remembered per group of identical
+      node states and task shape;
+    - ``node_order(count) -> Iterable[int]``: the order in which to visit the ``count``
+      candidate nodes (positions in name order); default: name order.
+    """
 
     name: str
 
@@ -94,6 +117,7 @@ class BestFit:
     """
 
     name: str = "bestfit"
+    scores_by_state: bool = True
 
     def choose(self, state: NodeState, task: Task, feasible: Sequence[int]) -> tuple[int, ...]:
         """Tightest GPUs first."""
@@ -110,6 +134,7 @@ class FirstFit:
 
     name: str = "firstfit"
     stop_at_first: bool = True
+    scores_by_state: bool = True
 
     def choose(self, state: NodeState, task: Task, feasible: Sequence[int]) -> tuple[int, ...]:
         """Lowest indices first."""
@@ -122,21 +147,41 @@ class FirstFit:
 
 @dataclass
 class RandomFit:
-    """Random: a uniformly random feasible node (FGD's "01-Random"), seeded for repeatability."""
+    """Random: a uniformly random feasible node (FGD's "01-Random"), seeded for repeatability.
+
+    It visits the candidate nodes in a random order (a lazy Fisher-Yates shuffle) and takes
+    the first that fits: the first feasible node of a uniformly random order is uniformly
+    random among the feasible nodes, and the search usually ends after a node or two.
+    Random GPUs among the feasible ones of that node.
+    """
 
     seed: int = 0
     name: str = "random"
+    stop_at_first: bool = True
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+
+    def reseed(self, seed: int) -> None:
+        """Start over from ``seed`` (the trace replay seeds each run with its trace seed)."""
+        self.seed = seed
+        self._rng = random.Random(seed)
+
+    def node_order(self, count: int) -> Iterator[int]:
+        """Positions 0..count-1 in a uniformly random order, drawn as they are consumed."""
+        order = list(range(count))
+        for i in range(count):
+            j = self._rng.randrange(i, count)
+            order[i], order[j] = order[j], order[i]
+            yield order[i]
 
     def choose(self, state: NodeState, task: Task, feasible: Sequence[int]) -> tuple[int, ...]:
         """Random GPUs among the feasible ones."""
         return tuple(sorted(self._rng.sample(list(feasible), task.request.count)))
 
     def score(self, state: NodeState, task: Task, picked: Sequence[int]) -> float:
-        """A fresh random number per candidate."""
-        return self._rng.random()
+        """Constant: the random visiting order decides."""
+        return 0.0
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {
@@ -154,12 +199,20 @@ def register_policy(name: str, factory: Callable[[], Policy]) -> None:
     POLICIES[name] = factory
 
 
-def make_policy(name: str) -> Policy:
-    """Return a new policy instance; raises KeyError naming the known policies."""
+def make_policy(name: str, *, seed: int | None = None) -> Policy:
+    """Return a new policy instance; raises KeyError naming the known policies.
+
+    ``seed`` re-seeds a policy that draws random numbers (one with a ``reseed(seed)`` method);
+    deterministic policies ignore it.
+    """
     try:
-        return POLICIES[name]()
+        policy = POLICIES[name]()
     except KeyError:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    reseed = getattr(policy, "reseed", None)
+    if seed is not None and reseed is not None:
+        reseed(seed)
+    return policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +230,41 @@ class Outcome:
     product_seen: bool = True
 
 
+def candidate_rows(index: NodeIndex, task: Task) -> list[int]:
+    """Rows of ``index`` (name order) whose aggregates allow ``task`` to fit.
+
+    A necessary condition only (schedulable, CPU, host memory, and enough idle GPUs or one
+    GPU with enough free MiB or share); :func:`node_fits` and :func:`feasible_gpus` decide.
+    """
+    req = task.request
+    column, need = index.idle, 0  # CPU/memory only when count is 0
+    if req.count and req.exclusive:
+        need = req.count
+    elif req.count and req.memory_mib is not None:
+        column, need = index.max_free_mib, req.memory_mib
+    elif req.count:
+        column, need = index.max_free_milli, req.fraction_milli or 0
+    cpu, memory, free_cpu, free_memory = task.cpu_milli, task.memory_mib, index.free_cpu, index.free_memory
+    gpu_rows = compress(range(len(column)), map(ge, column, repeat(need)))  # in C: the hot loop
+    return [i for i in gpu_rows if free_cpu[i] >= cpu and free_memory[i] >= memory]
+
+
+@dataclass(slots=True)
+class _Search:
+    """Running state of one placement search."""
+
+    best: tuple[float, str, NodeState, tuple[int, ...]] | None = None
+    fits_somewhere: bool = False
+    quota_resource: str | None = None
+
+
+Evaluation = tuple[tuple[int, ...], float] | None
+"""A remembered evaluation of one node state for one task shape: (picked GPUs, score), or no fit."""
+
+_MEMO_LIMIT = 8
+"""A shape's memo is cleared past this many entries per node (stale groups pile up)."""
+
+
 def find_placement(
     cluster: ClusterState,
     task: Task,
@@ -188,34 +276,123 @@ def find_placement(
     """Find the best placement of ``task`` over ``nodes`` (default: every node, name order).
 
     The best is the lowest ``(score, node name)``; ``quota`` rejects candidates that
-    would exceed a queue's quota. Pure: the cluster is not changed.
+    would exceed a queue's quota. Pure: the cluster is not changed (only its caches).
     """
-    best: tuple[float, str, Placement] | None = None
-    fits_somewhere = False
-    quota_resource: str | None = None
-    product_seen = not task.request.products
-    stop = getattr(policy, "stop_at_first", False)
-    for state in cluster.sorted_nodes() if nodes is None else nodes:
-        if not product_seen and any(task.request.allows(g.product) for g in state.node.gpus):
-            product_seen = True
-        if not node_fits(state, task):
-            continue
-        feasible = feasible_gpus(state, task)
-        if len(feasible) < task.request.count:
-            continue
-        picked = policy.choose(state, task, feasible)
-        placement = Placement(state.name, slots_for(state, task, picked))
-        fits_somewhere = True
-        if quota is not None:
-            refused = quota(state, placement)
-            if refused is not None:
-                quota_resource = quota_resource or refused
-                continue
+    req = task.request
+    search = _Search()
+    order = getattr(policy, "node_order", None)
+    if nodes is None:
+        index = cluster.index()
+        rows = candidate_rows(index, task)
+        visits = range(len(rows)) if order is None else order(len(rows))
+        if getattr(policy, "scores_by_state", False):
+            _search_by_state(search, index, rows, _memo(index, policy, task), visits, task, policy, quota)
+        else:
+            _search(search, index.states, rows, visits, task, policy, quota)
+        product_seen = not req.products or index.has_product(req.products)
+    else:
+        visits = range(len(nodes)) if order is None else order(len(nodes))
+        _search(search, nodes, range(len(nodes)), visits, task, policy, quota)
+        product_seen = not req.products or any(req.allows(g.product) for s in nodes for g in s.node.gpus)
+    if search.best is not None:
+        state, picked = search.best[2], search.best[3]
+        return Outcome(Placement(state.name, slots_for(state, task, picked)), True)
+    return Outcome(None, search.fits_somewhere, search.quota_resource, product_seen)
+
+
+def _memo(index: NodeIndex, policy: Policy, task: Task) -> dict[int, Evaluation]:
+    """The remembered evaluations of ``policy`` for ``task``'s shape, by group id."""
+    entry = index.memos.get(id(policy))
+    if entry is None or entry[0] is not policy:  # holding the policy keeps its id unique
+        entry = index.memos[id(policy)] = (policy, {})
+    shapes: dict[object, dict[int, Evaluation]] = entry[1]
+    memo = shapes.setdefault((task.request, task.cpu_milli, task.memory_mib), {})
+    if len(memo) > _MEMO_LIMIT * len(index.states) + 1024:
+        memo.clear()
+    return memo
+
+
+def _choose(state: NodeState, task: Task, policy: Policy) -> tuple[int, ...] | None:
+    """Filter one node, then let the policy pick GPUs; None when the node does not fit."""
+    if not node_fits(state, task):
+        return None
+    feasible = feasible_gpus(state, task)
+    if len(feasible) < task.request.count:
+        return None
+    return policy.choose(state, task, feasible)
+
+
+def _consider(
+    search: _Search,
+    state: NodeState,
+    task: Task,
+    policy: Policy,
+    picked: tuple[int, ...],
+    score: float | None,
+    quota: QuotaCheck | None,
+) -> bool:
+    """Quota-check and score one fitting node; True when the search should stop here."""
+    search.fits_somewhere = True
+    if quota is not None:
+        refused = quota(state, Placement(state.name, slots_for(state, task, picked)))
+        if refused is not None:
+            search.quota_resource = search.quota_resource or refused
+            return False
+    if score is None:
         score = policy.score(state, task, picked)
-        if best is None or (score, state.name) < best[:2]:
-            best = (score, state.name, placement)
-            if stop:
-                break
-    if best is not None:
-        return Outcome(best[2], True)
-    return Outcome(None, fits_somewhere, quota_resource, product_seen)
+    if search.best is None or (score, state.name) < search.best[:2]:
+        search.best = (score, state.name, state, picked)
+        return bool(getattr(policy, "stop_at_first", False))
+    return False
+
+
+def _search(
+    search: _Search,
+    states: Sequence[NodeState],
+    rows: Sequence[int],
+    visits: Iterable[int],
+    task: Task,
+    policy: Policy,
+    quota: QuotaCheck | None,
+) -> None:
+    """Evaluate every visited candidate ``states[rows[k]]`` (any policy)."""
+    for k in visits:
+        state = states[rows[k]]
+        picked = _choose(state, task, policy)
+        if picked is not None and _consider(search, state, task, policy, picked, None, quota):
+            return
+
+
+def _search_by_state(
+    search: _Search,
+    index: NodeIndex,
+    rows: Sequence[int],
+    memo: dict[int, Evaluation],
+    visits: Iterable[int],
+    task: Task,
+    policy: Policy,
+    quota: QuotaCheck | None,
+) -> None:
+    """Evaluate each group once (remembered); without quota, visit one node per group."""
+    seen: set[int] = set()
+    states, group_of = index.states, index.group
+    for k in visits:
+        row = rows[k]
+        group = group_of[row]
+        if quota is None:
+            if group in seen:
+                continue
+            seen.add(group)
+        state = states[row]
+        found = memo.get(group, _UNSEEN)
+        if found is _UNSEEN:
+            picked = _choose(state, task, policy)
+            found = memo[group] = None if picked is None else (picked, policy.score(state, task, picked))
+        if found is None or (quota is None and search.best is not None and found[1] > search.best[0]):
+            continue  # no fit, or a worse score than the best so far (which already set fits_somewhere)
+        if _consider(search, state, task, policy, found[0], found[1], quota):
+            return
+
+
+_UNSEEN: Evaluation = ((-1,), float("nan"))
+"""Marker for "not remembered" (never a real evaluation: a position is never -1)."""

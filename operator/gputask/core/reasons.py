@@ -50,11 +50,22 @@ def namespace_refusal(task: Task, spec: QueueSpec) -> Reason | None:
     return NAMESPACE_NOT_ALLOWED, f"namespace {task.namespace!r} is not selected by GPUClusterQueue {spec.name!r}"
 
 
-def min_usage(task: Task) -> dict[str, int]:
-    """The least a task can charge: exact MiB for memory requests, whole GPUs when exclusive."""
+def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
+    """The least a task can charge: exact MiB for memory requests, whole GPUs when exclusive.
+
+    For a memory request the GPU share is at least its MiB over the largest GPU's MiB
+    (``largest_gpu_mib``, 0 when unknown: then 1 milli-GPU per GPU).
+    """
     req = task.request
-    milli = req.count * (MILLI_PER_GPU if req.exclusive else (req.fraction_milli or 1))
-    return {GPU: milli, GPU_MEMORY: req.count * req.memory_mib if req.memory_mib is not None else 0}
+    if req.exclusive:
+        milli = MILLI_PER_GPU
+    elif req.fraction_milli is not None:
+        milli = req.fraction_milli
+    elif req.memory_mib is not None and largest_gpu_mib > 0:
+        milli = -(-req.memory_mib * MILLI_PER_GPU // largest_gpu_mib)
+    else:
+        milli = 1
+    return {GPU: req.count * milli, GPU_MEMORY: req.count * req.memory_mib if req.memory_mib is not None else 0}
 
 
 def never_fits_queue(task: Task, quotas: QuotaBook) -> Reason | None:

@@ -27,7 +27,7 @@ from gputask.core.failures import (
 )
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
 from gputask.core.placement import DEFAULT_POLICY, Policy, QuotaCheck, find_placement, make_policy
-from gputask.core.preemption import Planner, Victim, any_preemption, victim_allowed
+from gputask.core.preemption import Plan, Planner, Victim, any_preemption, victim_allowed
 from gputask.core.queues import QueueManager
 from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 from gputask.core.reasons import (
@@ -110,6 +110,7 @@ class _CycleMemo:
 
     outcomes: dict[tuple[object, ...], tuple[str, str]] = field(default_factory=dict)
     blocked_queues: set[str] = field(default_factory=set)
+    preemption_failed: set[tuple[object, ...]] = field(default_factory=set)
 
 
 class Scheduler:
@@ -125,6 +126,7 @@ class Scheduler:
         self.cluster = ClusterState()
         self.failures = FailureTracker(node_failure_grace_s)
         self.not_ready: set[NodeName] = set()
+        self._largest_gpu_mib = 0  # never decreases: min_usage stays a lower bound
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         self.quotas = QuotaBook()
         self.pending = QueueManager()
@@ -151,6 +153,7 @@ class Scheduler:
         """
         if node.name in self.not_ready and node.schedulable:
             node = replace(node, schedulable=False)
+        self._largest_gpu_mib = max([self._largest_gpu_mib, *(g.memory_mib for g in node.gpus)])
         self.cluster.set_node(node)
         lost = tasks_on_bad_gpus(self.cluster.node(node.name))
         self.failures.notify(lost, GPU_FAILURE, f"a GPU of node {node.name} failed or disappeared")
@@ -348,12 +351,15 @@ class Scheduler:
             if outcome.placement is not None:
                 return [self._admit(task, outcome.placement, now)]
             known = never_fits_queue(task, self.quotas) or explain(task, outcome, self.quotas, self.cluster)
-            if known[0] != "Inadmissible" and any_preemption(spec):
-                preempted = self._preempt(task, quota)
-                if preempted:
-                    return preempted
-            if not any_preemption(spec):
-                memo.outcomes[shape] = known
+            memo.outcomes[shape] = known
+        # Tasks come in priority order, then creation order: if preemption failed for this shape
+        # at this priority, it fails for every later task of the same shape and priority.
+        attempt = (shape, task.priority)
+        if known[0] != "Inadmissible" and any_preemption(spec) and attempt not in memo.preemption_failed:
+            preempted = self._preempt(task, self._quota_check(task))
+            if preempted:
+                return preempted
+            memo.preemption_failed.add(attempt)
         if spec.strategy == "StrictFIFO":
             memo.blocked_queues.add(task.queue)
         return [Pending(task, *known)]
@@ -397,11 +403,16 @@ class Scheduler:
 
     # -- preemption -----------------------------------------------------------------------------
     def _preempt(self, task: Task, quota: QuotaCheck) -> list[Decision]:
-        """Plan and start a preemption for ``task``; [] when none helps."""
-        candidates = self._candidates(task)
-        if not candidates:
-            return []
-        plan = Planner(self.cluster, self.quotas, self.policy).plan(task, candidates, quota)
+        """Plan and start a preemption for ``task``; [] when none helps.
+
+        Reclaim rules apply only when the preemptor stays within its nominal quota. The first
+        plan assumes what the task's smallest possible usage says; if its real placement would
+        borrow after all, the plan is redone under the stricter borrowing rules.
+        """
+        borrowing = self.quotas.would_borrow(task.queue, self._min_usage(task))
+        plan = self._plan(task, quota, borrowing)
+        if plan is not None and not borrowing and self._borrows_with(task, plan):
+            plan = self._plan(task, quota, True)
         if plan is None:
             return []
         decisions: list[Decision] = []
@@ -415,10 +426,29 @@ class Scheduler:
         decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {plan.placement.node}"))
         return decisions
 
-    def _candidates(self, task: Task) -> dict[str, list[Victim]]:
+    def _plan(self, task: Task, quota: QuotaCheck, borrowing: bool) -> Plan | None:
+        candidates = self._candidates(task, borrowing)
+        if not candidates:
+            return None
+        return Planner(self.cluster, self.quotas, self.policy).plan(task, candidates, quota)
+
+    def _borrows_with(self, task: Task, plan: Plan) -> bool:
+        """Would ``task``'s queue use more than its nominal quota after ``plan``?"""
+        spec = self.quotas.specs[task.queue]
+        used = dict(self.quotas.usage.get(task.queue, {}))
+        for victim in plan.victims:
+            if victim.task.queue == task.queue:
+                for resource, amount in victim.usage.items():
+                    used[resource] = used.get(resource, 0) - amount
+        usage = self._usage(plan.placement)
+        return any(used.get(r, 0) + usage.get(r, 0) > q.nominal for r, q in spec.quotas.items())
+
+    def _min_usage(self, task: Task) -> Usage:
+        return min_usage(task, self._largest_gpu_mib)
+
+    def _candidates(self, task: Task, borrowing: bool) -> dict[str, list[Victim]]:
         """Running tasks the policies allow ``task`` to preempt, by node."""
         fair = self.quotas.fair_sharing(task.queue)
-        borrowing = self.quotas.would_borrow(task.queue, min_usage(task))
         out: dict[str, list[Victim]] = {}
         share_ok = self._share_rule(task) if fair else None
         for run in self.running.values():
@@ -432,7 +462,7 @@ class Scheduler:
 
     def _share_rule(self, task: Task) -> Callable[[Victim], bool]:
         """Kueue's fair-sharing preemption rule, evaluated for one victim at a time."""
-        mine_after = self.quotas.share(task.queue, min_usage(task))
+        mine_after = self.quotas.share(task.queue, self._min_usage(task))
 
         def ok(victim: Victim) -> bool:
             before = self.quotas.share(victim.task.queue)
