@@ -34,17 +34,31 @@ def scenario_run(
 @app.command()
 def simulate(
     trace_dir: Annotated[Path, typer.Option(help="Folder of the Alibaba GPU trace v2023 CSVs (not shipped).")],
-    pods: Annotated[list[str] | None, typer.Option(help="Pod list file name(s); default openb_pod_list_default.csv")] = None,
+    pods: Annotated[
+        list[str] | None, typer.Option(help="Pod list file name(s); default openb_pod_list_default.csv")
+    ] = None,
     policy: Annotated[list[str] | None, typer.Option(help="Policies to compare (repeatable).")] = None,
     seeds: Annotated[str, typer.Option(help="Seed range, e.g. 42-51")] = "42-51",
     output: Annotated[str, typer.Option(help="table or json")] = "table",
     jobs: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    tie_break: Annotated[
+        str,
+        typer.Option(
+            help="Equal scores go to the smallest node name ('name') or to a random node priority "
+            "per seed ('random', as the FGD simulator)."
+        ),
+    ] = "name",
 ) -> None:
-    """Replay the Alibaba GPU trace (FGD protocol) through the core and compare policies."""
+    """Replay the Alibaba GPU trace (FGD protocol) through the core and compare policies.
+
+    Exit code 0, 1 when a policy refused a pod that fitted somewhere, 2 on bad input.
+    """
     from gputask.sim.trace import cli_simulate
 
     raise typer.Exit(
-        cli_simulate(trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs)
+        cli_simulate(
+            trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break
+        )
     )
 
 
