@@ -23,12 +23,16 @@ def scenario_run(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (DESIGN.md section 6).")],
     output: Annotated[str, typer.Option(help="table or json")] = "table",
     policy: Annotated[str, typer.Option(help="Placement policy, or 'fifo' for the strict FIFO baseline.")] = DEFAULT_POLICY,
-    plot: Annotated[Path | None, typer.Option(help="Write a per-GPU timeline PNG here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a per-GPU timeline PNG here (matplotlib).")] = None,
+    config: Annotated[Path | None, typer.Option(help="Operator configuration (timing knobs).")] = None,
 ) -> None:
-    """Run a scenario on a simulated clock and print what the scheduler decided."""
+    """Run a scenario on a simulated clock and print what the scheduler decided.
+
+    Exit code 0 when no invariant broke, 1 when the run found violations, 2 on bad input.
+    """
     from gputask.sim.scenario import cli_run
 
-    raise typer.Exit(cli_run(file, output=output, policy=policy, plot=plot))
+    raise typer.Exit(cli_run(file, output=output, policy=policy, plot=plot, config=config))
 
 
 @app.command()

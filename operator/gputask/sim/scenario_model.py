@@ -1,0 +1,353 @@
+"""The scenario file (DESIGN.md section 6): pydantic models, loading and reference checks.
+
+:func:`load_scenario` turns a YAML file or a dict into a validated :class:`Scenario`, or
+raises :class:`ScenarioError` with one line per problem, each naming where it is
+(``events[3].at: ...``). Only the *shape* of a submitted GPUTask's ``spec`` is left to the
+run: it goes through the operator's own conversion (``k8s.convert.task_from_manifest``), so
+an invalid spec is a task Rejected at run time, exactly as the operator would treat it.
+
+Besides the shape, :func:`check_references` walks the events in run order and refuses
+what no API server would accept: deleting a task that does not exist, submitting a name
+that is still there, or naming a node (or GPU index) that does not exist (any more).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
+from gputask.k8s.convert import queue_from_manifest, to_mib
+
+EVENT_KINDS = ("submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "restartOperator")
+
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class ScenarioError(Exception):
+    """The scenario file is unreadable or invalid; the message says where (one line per problem)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Strict):
+    """One GPU of a node; ``memory`` is a Kubernetes quantity (``24Gi``)."""
+
+    product: str = Field("unknown", min_length=1)
+    memory: Any = Field(description="a quantity; checked by k8s.convert.to_mib when loading")
+
+
+class NodeSpec(_Strict):
+    """A GPU node; its GPUs get index = position and UUID ``GPU-<node>-<index>``."""
+
+    name: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuSpec] = Field(min_length=1)
+
+
+class QueueEntry(_Strict):
+    """A GPUClusterQueue: its name and its spec as in the CRD."""
+
+    name: str = Field(min_length=1)
+    spec: dict[str, Any] = Field(default_factory=dict)
+
+
+class PriorityClassSpec(_Strict):
+    """A PriorityClass (or Kueue WorkloadPriorityClass): name and value."""
+
+    name: str = Field(min_length=1)
+    value: int
+
+
+class TaskMetadata(BaseModel):
+    """The metadata of a submitted GPUTask (other metadata fields are accepted and ignored).
+
+    ``creationTimestamp`` is either seconds of simulated time or an RFC 3339 string;
+    omitted, the task is created at its event's ``at``.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    name: str = Field(min_length=1)
+    namespace: str = Field("default", min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: str | Seconds | None = Field(None, alias="creationTimestamp")
+
+    @field_validator("creation_timestamp")
+    @classmethod
+    def _rfc3339(cls, value: str | float | None) -> str | float | None:
+        if isinstance(value, str):
+            try:
+                dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"{value!r} is neither seconds nor an RFC 3339 time") from None
+        return value
+
+
+class Submit(_Strict):
+    """A GPUTask (metadata + spec as in the CRD) plus ``duration``: seconds of running.
+
+    ``duration`` omitted means the task runs until the end of the scenario. After an
+    eviction the task starts over: it runs its full duration from its next admission.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    api_version: str | None = Field(None, alias="apiVersion")
+    kind: str | None = None
+    metadata: TaskMetadata
+    spec: Any = None
+    duration: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` of the task."""
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    def manifest(self) -> dict[str, Any]:
+        """The GPUTask object as the operator would read it from the API."""
+        meta = self.metadata.model_dump(by_alias=True, exclude_none=True)
+        return {"metadata": meta, "spec": self.spec}
+
+
+class TaskRef(_Strict):
+    """Name and namespace of a task."""
+
+    name: str = Field(min_length=1)
+    namespace: str = Field("default", min_length=1)
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` of the task."""
+        return f"{self.namespace}/{self.name}"
+
+
+class NodeRef(_Strict):
+    """A node by name."""
+
+    name: str = Field(min_length=1)
+
+
+class GpuRef(_Strict):
+    """One GPU: node name and GPU index."""
+
+    node: str = Field(min_length=1)
+    index: int = Field(ge=0)
+
+
+class Nothing(_Strict):
+    """An event without parameters (``restartOperator: {}``)."""
+
+
+class Event(_Strict):
+    """One event: ``at`` (seconds of simulated time) and exactly one kind."""
+
+    at: Seconds
+    submit: Submit | None = None
+    delete: TaskRef | None = None
+    node_down: NodeRef | None = Field(None, alias="nodeDown")
+    node_up: NodeRef | None = Field(None, alias="nodeUp")
+    node_deleted: NodeRef | None = Field(None, alias="nodeDeleted")
+    gpu_unhealthy: GpuRef | None = Field(None, alias="gpuUnhealthy")
+    restart_operator: Nothing | None = Field(None, alias="restartOperator")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kind(cls, raw: Any) -> Any:
+        if not isinstance(raw, Mapping):
+            return raw
+        unknown = [k for k in raw if k != "at" and k not in EVENT_KINDS]
+        if unknown:
+            raise ValueError(f"unknown event kind {unknown[0]!r}; known: {', '.join(EVENT_KINDS)}")
+        kinds = [k for k in raw if k in EVENT_KINDS]
+        if len(kinds) != 1:
+            raise ValueError(f"an event needs exactly one of {', '.join(EVENT_KINDS)}; got {kinds or 'none'}")
+        if raw[kinds[0]] is None:  # `restartOperator:` with nothing after it reads as null in YAML
+            return {**raw, kinds[0]: {}}
+        return raw
+
+    @property
+    def kind(self) -> str:
+        """The event's kind, as spelled in the file."""
+        return next(k for k in EVENT_KINDS if getattr(self, _FIELD_OF[k]) is not None)
+
+    @property
+    def body(self) -> BaseModel:
+        """The event's parameters."""
+        value: BaseModel = getattr(self, _FIELD_OF[self.kind])
+        return value
+
+
+_FIELD_OF = {
+    "submit": "submit",
+    "delete": "delete",
+    "nodeDown": "node_down",
+    "nodeUp": "node_up",
+    "nodeDeleted": "node_deleted",
+    "gpuUnhealthy": "gpu_unhealthy",
+    "restartOperator": "restart_operator",
+}
+
+
+class Scenario(_Strict):
+    """A whole scenario file; ``until`` (seconds) ends the run."""
+
+    nodes: list[NodeSpec]
+    queues: list[QueueEntry] = Field(default_factory=list)
+    priority_classes: list[PriorityClassSpec] = Field(default_factory=list, alias="priorityClasses")
+    events: list[Event] = Field(default_factory=list)
+    until: Seconds
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Scenario:
+        for what, names in (
+            ("nodes", [n.name for n in self.nodes]),
+            ("queues", [q.name for q in self.queues]),
+            ("priorityClasses", [p.name for p in self.priority_classes]),
+        ):
+            dup = _first_duplicate(names)
+            if dup is not None:
+                raise ValueError(f"{what}: name {dup!r} appears twice")
+        return self
+
+    def ordered_events(self) -> list[tuple[int, Event]]:
+        """Events with their file index, sorted by ``at`` (file order for ties)."""
+        return sorted(enumerate(self.events), key=lambda pair: pair[1].at)
+
+
+def _first_duplicate(names: Iterable[str]) -> str | None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
+def load_scenario(source: Path | Mapping[str, Any] | Scenario) -> Scenario:
+    """Read and validate a scenario (file, dict or model); raises ScenarioError."""
+    if isinstance(source, Scenario):
+        return source
+    raw: Any = source
+    if isinstance(source, Path):
+        try:
+            raw = yaml.safe_load(source.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ScenarioError(f"{source}: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        scenario = Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise ScenarioError("\n".join(_error_line(e) for e in exc.errors())) from None
+    check_references(scenario)
+    core_nodes(scenario)  # quantities and queue specs: refuse them now, not mid-run
+    core_queues(scenario)
+    return scenario
+
+
+def _error_line(error: Mapping[str, Any]) -> str:
+    where = _location(error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown field"
+    return f"{where}: {message}" if where else message
+
+
+def _location(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).startswith(("function-", "union[", "nullable[")) and part not in _TYPE_TAGS:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list"}
+
+
+def check_references(scenario: Scenario) -> None:
+    """Refuse events that name tasks, nodes or GPUs that do not exist at their time."""
+    gpus = {n.name: len(n.gpus) for n in scenario.nodes}
+    live: set[str] = set()
+    problems: list[str] = []
+    for i, event in scenario.ordered_events():
+        where = f"events[{i}] (at {event.at:g}, {event.kind})"
+        body = event.body
+        if isinstance(body, Submit):
+            if body.key in live:
+                problems.append(f"{where}: task {body.key} already exists (delete it first)")
+            live.add(body.key)
+        elif isinstance(body, TaskRef):
+            if body.key not in live:
+                problems.append(f"{where}: no task {body.key} to delete")
+            live.discard(body.key)
+        elif isinstance(body, NodeRef | GpuRef):
+            name = body.name if isinstance(body, NodeRef) else body.node
+            if name not in gpus:
+                problems.append(f"{where}: no node {name!r}")
+            elif isinstance(body, GpuRef) and body.index >= gpus[name]:
+                problems.append(f"{where}: node {name!r} has no GPU {body.index} (it has {gpus[name]})")
+            if event.kind == "nodeDeleted":
+                gpus.pop(name, None)
+        if event.at > scenario.until:
+            problems.append(f"{where}: after until ({scenario.until:g})")
+    if problems:
+        raise ScenarioError("\n".join(problems))
+
+
+def fifo_baseline(scenario: Scenario) -> Scenario:
+    """The same scenario for the strict FIFO baseline: whole GPUs only, every queue StrictFIFO."""
+    queues = [q.model_copy(update={"spec": {**q.spec, "queueingStrategy": "StrictFIFO"}}) for q in scenario.queues]
+    return scenario.model_copy(update={"queues": queues, "events": [_whole_gpus(e) for e in scenario.events]})
+
+
+def _whole_gpus(event: Event) -> Event:
+    if event.submit is None or not isinstance(event.submit.spec, Mapping):
+        return event
+    spec = {k: v for k, v in event.submit.spec.items() if k not in ("gpuMemory", "gpuFraction")}
+    return event.model_copy(update={"submit": event.submit.model_copy(update={"spec": spec})})
+
+
+def scenario_gpus(scenario: Scenario) -> dict[tuple[str, int], Gpu]:
+    """Every simulated GPU of the scenario by (node name, index); raises ScenarioError."""
+    return {(node.name, gpu.index): gpu for node in core_nodes(scenario) for gpu in node.gpus}
+
+
+def core_nodes(scenario: Scenario) -> list[Node]:
+    """Core Nodes of the scenario: GPU index = position, UUID ``GPU-<node>-<index>``."""
+    nodes = []
+    for i, spec in enumerate(scenario.nodes):
+        gpus = []
+        for j, gpu in enumerate(spec.gpus):
+            try:
+                memory = to_mib(gpu.memory, field=f"nodes[{i}].gpus[{j}].memory")
+            except ValueError as exc:
+                raise ScenarioError(str(exc)) from None
+            gpus.append(Gpu(j, f"GPU-{spec.name}-{j}", gpu.product.replace(" ", "-"), memory))
+        nodes.append(Node(NodeName(spec.name), tuple(gpus), labels=tuple(sorted(spec.labels.items()))))
+    return nodes
+
+
+def core_queues(scenario: Scenario) -> list[QueueSpec]:
+    """Core QueueSpecs of the scenario, converted exactly as the operator converts them."""
+    specs = []
+    for i, entry in enumerate(scenario.queues):
+        try:
+            specs.append(queue_from_manifest(entry.name, entry.spec))
+        except InvalidQueueError as exc:
+            raise ScenarioError(f"queues[{i}] ({entry.name}).spec: {exc}") from None
+        # k8s.convert lets other errors through on some malformed specs (e.g. `preemption: x`,
+        # which the CRD schema would refuse first); here they are the user's input.
+        except (ValueError, TypeError, AttributeError) as exc:
+            message = f"not a valid GPUClusterQueue spec ({exc})"
+            raise ScenarioError(f"queues[{i}] ({entry.name}).spec: {message}") from None
+    return specs
