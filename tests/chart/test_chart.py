@@ -363,13 +363,16 @@ def test_chart_passes_only_options_the_commands_accept(rendered: dict[str, list[
     from gputask.cli import app
 
     commands = typer.main.get_command(app).commands
-    accepted = {name: {o for p in commands[name].params for o in p.opts} for name in ("run", "agent")}
+    accepted = {name: {o for p in command.params for o in p.opts} for name, command in commands.items()}
     unknown = set()
     for objects in rendered.values():
         for obj in objects:
             if obj["kind"] in ("Deployment", "DaemonSet"):
                 (container,) = obj["spec"]["template"]["spec"]["containers"]
                 command, *args = container["args"]
+                if command not in accepted:
+                    unknown.add((command, "is not a gputask command"))
+                    continue
                 unknown |= {(command, a) for a in args if a.startswith("--") and a not in accepted[command]}
     assert unknown == set()
 
