@@ -272,3 +272,30 @@ def test_hold_and_drain_evicts_admitted_work() -> None:
         Evict(t, placed("a", (0, W)), "QueueDrained", "GPUClusterQueue 'q' is draining"),
         Pending(t, "QueueHeld", "GPUClusterQueue 'q' is stopped (HoldAndDrain)"),
     ]
+
+
+def test_random_policy_preemption_uses_the_placement_it_checked() -> None:
+    """With the random policy (a new answer per call) preemption still yields a consistent plan."""
+    from gputask.core import make_policy
+
+    for seed in range(20):
+        s = Scheduler(policy=make_policy("random", seed=seed), nodes=[node("a", 24, 24), node("b", 24, 24)])
+        s.set_queue(cq(within="LowerPriority"))
+        running(s, *(task(f"low{i}", memory_gib=8, priority=0, created=i) for i in range(12)))
+        s.submit(task("high", count=2, priority=5, created=50))
+        kinds = [type(d).__name__ for d in s.cycle(1.0)]
+        assert kinds[-1] == "Pending" and set(kinds[:-1]) == {"Evict"}
+        assert s.violations() == []
+
+
+def test_an_inadmissible_head_does_not_block_a_strict_fifo_queue() -> None:
+    """StrictFIFO: a head that can never fit is Inadmissible and the task behind it is admitted."""
+    s = Scheduler(nodes=[node("a", 24, 24)])
+    s.set_queue(QueueSpec("q", strategy="StrictFIFO"))
+    huge, small = task("huge", count=4, created=0), task("small", created=1)
+    s.submit(huge)
+    s.submit(small)
+    assert s.cycle(0.0) == [
+        Pending(huge, "Inadmissible", "no node has 4 GPU(s) that could ever be idle"),
+        Admit(small, placed("a", (0, W)), {GPU: 1000, "gputask.io/gpu-memory": W}),
+    ]

@@ -136,9 +136,10 @@ class Planner:
             candidates = sorted(candidates_by_node[name], key=_removal_order)
             if not candidates or self._fits(task, state, quota, candidates) is None:
                 continue
-            victims = self._minimal(task, state, quota, candidates)
-            placement = self._fits(task, state, quota, victims)
-            assert placement is not None
+            found = self._minimal(task, state, quota, candidates)
+            if found is None:
+                continue
+            victims, placement = found
             score = (
                 len(victims),
                 tuple(sorted((v.task.priority for v in victims), reverse=True)),
@@ -149,17 +150,29 @@ class Planner:
                 best = (score, Plan(placement, tuple(victims)))
         return None if best is None else best[1]
 
-    def _minimal(self, task: Task, state: NodeState, quota: QuotaCheck, ordered: list[Victim]) -> list[Victim]:
+    def _minimal(
+        self, task: Task, state: NodeState, quota: QuotaCheck, ordered: list[Victim]
+    ) -> tuple[list[Victim], Placement] | None:
+        """Remove candidates in order until the task fits, then reprieve those not needed.
+
+        Returns the victims with the placement found for exactly that set (policies such as
+        random may answer differently on each call, so the placement is never recomputed).
+        """
         victims: list[Victim] = []
+        placement: Placement | None = None
         for candidate in ordered:
             victims.append(candidate)
-            if self._fits(task, state, quota, victims) is not None:
+            placement = self._fits(task, state, quota, victims)
+            if placement is not None:
                 break
+        if placement is None:
+            return None
         for candidate in reversed(list(victims)):  # reprieve: highest priority first
             trial = [v for v in victims if v is not candidate]
-            if self._fits(task, state, quota, trial) is not None:
-                victims = trial
-        return victims
+            found = self._fits(task, state, quota, trial)
+            if found is not None:
+                victims, placement = trial, found
+        return victims, placement
 
 
 def _removal_order(victim: Victim) -> tuple[object, ...]:

@@ -31,6 +31,7 @@ from gputask.core.preemption import Plan, Planner, Victim, any_preemption, victi
 from gputask.core.queues import QueueManager
 from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 from gputask.core.reasons import (
+    INADMISSIBLE,
     PREEMPTING,
     QUEUE_HELD,
     QUEUE_NOT_FOUND,
@@ -208,6 +209,8 @@ class Scheduler:
         usage = self._usage(placement)
         self.quotas.charge(task.queue, usage)
         self.running[task.key] = _Running(task, placement, usage, admitted_at)
+        if task.key in tasks_on_bad_gpus(self.cluster.node(placement.node)):
+            self.failures.notify([task.key], GPU_FAILURE, f"a GPU of node {placement.node} failed or disappeared")
 
     def set_reschedules(self, key: TaskKey, count: int) -> None:
         """Restore how many failure evictions a task has had (from its status, after a restart)."""
@@ -355,12 +358,12 @@ class Scheduler:
         # Tasks come in priority order, then creation order: if preemption failed for this shape
         # at this priority, it fails for every later task of the same shape and priority.
         attempt = (shape, task.priority)
-        if known[0] != "Inadmissible" and any_preemption(spec) and attempt not in memo.preemption_failed:
+        if known[0] != INADMISSIBLE and any_preemption(spec) and attempt not in memo.preemption_failed:
             preempted = self._preempt(task, self._quota_check(task))
             if preempted:
                 return preempted
             memo.preemption_failed.add(attempt)
-        if spec.strategy == "StrictFIFO":
+        if spec.strategy == "StrictFIFO" and known[0] != INADMISSIBLE:  # what can never fit blocks nobody
             memo.blocked_queues.add(task.queue)
         return [Pending(task, *known)]
 
