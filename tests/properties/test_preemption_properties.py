@@ -28,7 +28,7 @@ from gputask.core import (
 from gputask.core.scheduler import Evict
 
 GIB = 1024
-PROPERTY = settings(max_examples=150, deadline=None)
+PROPERTY = settings(max_examples=400, deadline=None)
 WITHIN = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 RECLAIM = ("Never", "LowerPriority", "Any")
 

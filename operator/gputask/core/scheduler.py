@@ -29,7 +29,7 @@ from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
 from gputask.core.placement import DEFAULT_POLICY, Policy, QuotaCheck, find_placement, make_policy
 from gputask.core.preemption import Plan, Planner, Victim, any_preemption, victim_allowed
 from gputask.core.queues import QueueManager
-from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
+from gputask.core.quota import QueueSpec, QuotaBook, Usage, add_usage, usage_of
 from gputask.core.reasons import (
     INADMISSIBLE,
     PREEMPTING,
@@ -416,7 +416,7 @@ class Scheduler:
         plan = self._plan(task, quota, borrowing)
         if plan is not None and not borrowing and self._borrows_with(task, plan):
             plan = self._plan(task, quota, True)
-        if plan is None:
+        if plan is None or not self._fair_with(task, plan):
             return []
         decisions: list[Decision] = []
         for victim in plan.victims:
@@ -445,6 +445,25 @@ class Scheduler:
                     used[resource] = used.get(resource, 0) - amount
         usage = self._usage(plan.placement)
         return any(used.get(r, 0) + usage.get(r, 0) > q.nominal for r, q in spec.quotas.items())
+
+    def _fair_with(self, task: Task, plan: Plan) -> bool:
+        """Kueue's fair-sharing rule checked on the real plan: after it, the preemptor's queue
+        share is at most each victim queue's share after, and below its share before."""
+        if not self.quotas.fair_sharing(task.queue):
+            return True
+        freed: dict[str, Usage] = {}
+        for victim in plan.victims:
+            add_usage(freed.setdefault(victim.task.queue, {}), victim.usage)
+        mine = dict(self._usage(plan.placement))
+        add_usage(mine, freed.get(task.queue, {}), -1)
+        mine_after = self.quotas.share(task.queue, mine)
+        for queue, usage in freed.items():
+            if queue == task.queue:
+                continue
+            after = self.quotas.share(queue, {r: -a for r, a in usage.items()})
+            if not (mine_after <= after and mine_after < self.quotas.share(queue)):
+                return False
+        return True
 
     def _min_usage(self, task: Task) -> Usage:
         return min_usage(task, self._largest_gpu_mib)
