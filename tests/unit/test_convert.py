@@ -296,3 +296,30 @@ def test_a_malformed_gpu_entry_is_rejected_alone() -> None:
 def test_a_gpunode_without_status_is_a_node_without_gpus() -> None:
     """A GPUNode the agent has not reported yet gives an empty node and no errors."""
     assert node_from_gpunode("n", None) == (Node(NodeName("n"), ()), [])
+
+
+def test_malformed_queue_specs_are_rejected_with_the_field_named() -> None:
+    """Wrong types and unknown policy values in a GPUClusterQueue give InvalidQueueError naming the field."""
+    bad = [
+        {"preemption": "x"},
+        {"namespaceSelector": {"matchLabels": "x"}},
+        {"stopPolicy": "Nope"},
+        {"preemption": {"withinClusterQueue": "Sometimes"}},
+        {"preemption": {"borrowWithinCohort": {"maxPriorityThreshold": "high"}}},
+        {"cohort": 3},
+        {"resources": "x"},
+    ]
+    messages = []
+    for spec in bad:
+        with pytest.raises(InvalidQueueError) as caught:
+            queue_from_manifest("q", spec)
+        messages.append(str(caught.value))
+    assert messages == [
+        "preemption must be an object, got 'x'",
+        "namespaceSelector.matchLabels must be a map, got 'x'",
+        "stopPolicy 'Nope': use one of None, Hold, HoldAndDrain",
+        "preemption.withinClusterQueue 'Sometimes': use one of Never, LowerPriority, LowerOrNewerEqualPriority",
+        "preemption.borrowWithinCohort.maxPriorityThreshold must be an integer, got 'high'",
+        "cohort must be a name, got 3",
+        "resources must be a list, got 'x'",
+    ]

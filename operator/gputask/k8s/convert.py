@@ -169,14 +169,24 @@ def task_from_manifest(
     )
 
 
+def label_selector(raw: Any) -> LabelSelector:
+    """Core LabelSelector of a metav1.LabelSelector dict (None = everything); raises InvalidQueueError."""
+    return _selector(raw)
+
+
 def _selector(raw: Any) -> LabelSelector:
     if raw is None:
         return LabelSelector()
     if not isinstance(raw, Mapping):
         raise InvalidQueueError(f"namespaceSelector must be a LabelSelector, got {raw!r}")
     labels = raw.get("matchLabels") or {}
+    if not isinstance(labels, Mapping):
+        raise InvalidQueueError(f"namespaceSelector.matchLabels must be a map, got {labels!r}")
+    raw_exprs = raw.get("matchExpressions") or []
+    if not isinstance(raw_exprs, list):
+        raise InvalidQueueError(f"namespaceSelector.matchExpressions must be a list, got {raw_exprs!r}")
     exprs = []
-    for e in raw.get("matchExpressions") or []:
+    for e in raw_exprs:
         op = e.get("operator") if isinstance(e, Mapping) else None
         if op not in ("In", "NotIn", "Exists", "DoesNotExist") or not isinstance(e.get("key"), str):
             raise InvalidQueueError(f"namespaceSelector.matchExpressions: invalid entry {e!r}")
@@ -196,11 +206,30 @@ def _resource_amount(name: str, value: Any, field: str) -> int:
     return math.ceil(amount / MIB)
 
 
+def _section(parent: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
+    value = parent.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise InvalidQueueError(f"{prefix}{key} must be an object, got {value!r}")
+    return value
+
+
+def _choice(parent: Mapping[str, Any], key: str, allowed: tuple[str, ...], prefix: str = "") -> str:
+    value = parent.get(key, allowed[0])
+    if value not in allowed:
+        raise InvalidQueueError(f"{prefix}{key} {value!r}: use one of {', '.join(allowed)}")
+    return str(value)
+
+
 def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
     """Core QueueSpec of a GPUClusterQueue's name and spec; raises InvalidQueueError."""
     spec = spec or {}
+    if not isinstance(spec, Mapping):
+        raise InvalidQueueError(f"spec must be an object, got {spec!r}")
+    resources = spec.get("resources") or []
+    if not isinstance(resources, list):
+        raise InvalidQueueError(f"resources must be a list, got {resources!r}")
     quotas: dict[str, ResourceQuota] = {}
-    for entry in spec.get("resources") or []:
+    for entry in resources:
         rname = entry.get("name") if isinstance(entry, Mapping) else None
         if rname not in (GPU, GPU_MEMORY):
             raise InvalidQueueError(f"resources: unknown resource {rname!r}; use {GPU} or {GPU_MEMORY}")
@@ -212,8 +241,20 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
         quotas[rname] = ResourceQuota(
             limits.get("nominalQuota", 0), limits.get("borrowingLimit"), limits.get("lendingLimit")
         )
-    pre = spec.get("preemption") or {}
-    borrow = pre.get("borrowWithinCohort") or {}
+    pre = _section(spec, "preemption")
+    borrow = _section(pre, "borrowWithinCohort", "preemption.")
+    within = _choice(pre, "withinClusterQueue", ("Never", "LowerPriority", "LowerOrNewerEqualPriority"), "preemption.")
+    reclaim = _choice(pre, "reclaimWithinCohort", ("Never", "LowerPriority", "Any"), "preemption.")
+    borrow_policy = _choice(borrow, "policy", ("Never", "LowerPriority"), "preemption.borrowWithinCohort.")
+    threshold = borrow.get("maxPriorityThreshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)):
+        raise InvalidQueueError(
+            f"preemption.borrowWithinCohort.maxPriorityThreshold must be an integer, got {threshold!r}"
+        )
+    stop_policy = _choice(spec, "stopPolicy", ("None", "Hold", "HoldAndDrain"))
+    cohort = spec.get("cohort")
+    if cohort is not None and not isinstance(cohort, str):
+        raise InvalidQueueError(f"cohort must be a name, got {cohort!r}")
     strategy = spec.get("queueingStrategy", "BestEffortFIFO")
     if strategy not in ("BestEffortFIFO", "StrictFIFO"):
         raise InvalidQueueError(f"queueingStrategy {strategy!r}: use BestEffortFIFO or StrictFIFO")
@@ -226,18 +267,13 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
             raise InvalidQueueError(str(exc)) from None
     return QueueSpec(
         name=name,
-        cohort=spec.get("cohort") or None,
+        cohort=cohort or None,
         namespace_selector=_selector(spec.get("namespaceSelector")),
         strategy=strategy,
         quotas=quotas,
-        preemption=Preemption(
-            pre.get("withinClusterQueue", "Never"),
-            pre.get("reclaimWithinCohort", "Never"),
-            borrow.get("policy", "Never"),
-            borrow.get("maxPriorityThreshold"),
-        ),
+        preemption=Preemption(within, reclaim, borrow_policy, threshold),
         fair_sharing_weight_milli=weight,
-        stop_policy=spec.get("stopPolicy", "None"),
+        stop_policy=stop_policy,
     )
 
 
