@@ -22,7 +22,9 @@ app.add_typer(scenario_app, name="scenario")
 def scenario_run(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (DESIGN.md section 6).")],
     output: Annotated[str, typer.Option(help="table or json")] = "table",
-    policy: Annotated[str, typer.Option(help="Placement policy, or 'fifo' for the strict FIFO baseline.")] = DEFAULT_POLICY,
+    policy: Annotated[
+        str, typer.Option(help="Placement policy, or 'fifo' for the strict FIFO baseline.")
+    ] = DEFAULT_POLICY,
     plot: Annotated[Path | None, typer.Option(help="Write a per-GPU timeline PNG here (matplotlib).")] = None,
     config: Annotated[Path | None, typer.Option(help="Operator configuration (timing knobs).")] = None,
 ) -> None:
@@ -60,9 +62,7 @@ def simulate(
     from gputask.sim.trace import cli_simulate
 
     raise typer.Exit(
-        cli_simulate(
-            trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break
-        )
+        cli_simulate(trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break)
     )
 
 
@@ -88,7 +88,11 @@ def demo(
 def run(
     config: Annotated[Path | None, typer.Option(help="Configuration file (YAML).")] = None,
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig; default in-cluster, then ~/.kube/config.")] = None,
-    peering: Annotated[str | None, typer.Option(help="kopf peering name for several replicas.")] = None,
+    peering: Annotated[
+        str | None, typer.Option(help="kopf peering name (leaderElection in the config is preferred).")
+    ] = None,
+    liveness: Annotated[str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
 ) -> None:
     """Run the operator against a cluster."""
     import asyncio
@@ -104,7 +108,34 @@ def run(
         raise typer.Exit(2) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     operator = build_operator(settings, kubeconfig=kubeconfig)
-    asyncio.run(run_operator(operator, peering=peering))
+    asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port))
+
+
+@app.command()
+def agent(
+    node_name: Annotated[str | None, typer.Option(help="This node's name; default $NODE_NAME.")] = None,
+    fake_gpus: Annotated[str | None, typer.Option(help="Fake GPUs instead of NVML, e.g. 2xNVIDIA-A10:24Gi.")] = None,
+    interval: Annotated[str, typer.Option(help="Probe period (e.g. 10s).")] = "10s",
+    heartbeat: Annotated[str, typer.Option(help="Status patch period when nothing changed.")] = "30s",
+    metrics_port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 9401,
+    kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig; default in-cluster, then ~/.kube/config.")] = None,
+) -> None:
+    """Run the node agent: report this node's GPUs (NVML) into its GPUNode.
+
+    Exit code 2 on bad input or when NVML cannot initialise (no NVIDIA driver).
+    """
+    from gputask.agent.main import cli_agent
+
+    raise typer.Exit(
+        cli_agent(
+            node_name=node_name,
+            fake_gpus=fake_gpus,
+            interval=interval,
+            heartbeat=heartbeat,
+            metrics_port=metrics_port,
+            kubeconfig=kubeconfig,
+        )
+    )
 
 
 def main() -> None:
