@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from gputask.k8s.client import KubeClient, load_api_client
-from gputask.k8s.handlers import Operator
 from gputask.testing import EmulatorServer
-from harness import REPO, Cluster, running_operator
+from harness import REPO, Cluster
 
 
 @pytest.fixture
@@ -24,8 +23,6 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         await client.close()
 
 
-@pytest.fixture
-async def operator(cluster: Cluster) -> AsyncIterator[Operator]:
-    """The real kopf operator running against ``cluster``."""
-    async with running_operator(cluster) as op:
-        yield op
+# No ``operator`` fixture on purpose: pytest-asyncio tears fixtures down in a new task, which
+# kopf treats as its own and waits 5 s for. Tests run ``async with running_operator(cluster)``
+# in their body instead, so kopf stops inside the test's task.

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from gputask.k8s.client import GPUNODES, GPUTASKS, JOBS, NotFound
-from gputask.k8s.handlers import Operator
 from harness import Cluster, eventually, gpunode, gputask, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
@@ -35,154 +34,162 @@ async def job_of(cluster: Cluster, name: str, namespace: str = "default") -> dic
         return None
 
 
-async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster, operator: Operator) -> None:
+async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster) -> None:
     """Applying a GPUTask creates the exact pinned Job, Admitted status and an Admitted Event."""
-    await cluster.add_node("node-a", ("GPU-t4-0", "NVIDIA-T4", "16Gi"), ("GPU-t4-1", "NVIDIA-T4", "8Gi"))
-    await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
-    task = await cluster.submit(gputask("train", gpuMemory="12Gi"))
-    uid = task["metadata"]["uid"]
+    async with running_operator(cluster):
+        await cluster.add_node("node-a", ("GPU-t4-0", "NVIDIA-T4", "16Gi"), ("GPU-t4-1", "NVIDIA-T4", "8Gi"))
+        await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
+        task = await cluster.submit(gputask("train", gpuMemory="12Gi"))
+        uid = task["metadata"]["uid"]
 
-    job = await eventually(lambda: job_of(cluster, "train-1"))
+        job = await eventually(lambda: job_of(cluster, "train-1"))
 
-    annotation = '{"node":"node-a","uuids":["GPU-t4-0"],"indices":[0],"memoryMiB":[12288]}'
-    labels = {"gputask.io/task": "train", "gputask.io/queue": "default"}
-    affinity = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}]}
-                ]
+        annotation = '{"node":"node-a","uuids":["GPU-t4-0"],"indices":[0],"memoryMiB":[12288]}'
+        labels = {"gputask.io/task": "train", "gputask.io/queue": "default"}
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}
+                            ]
+                        }
+                    ]
+                }
             }
         }
-    }
-    assert job_view(job) == {
-        "metadata": {
-            "name": "train-1",
-            "namespace": "default",
-            "labels": labels,
-            "annotations": {
-                "gputask.io/placement": annotation,
-                "gputask.io/attempt": "1",
-                "gputask.io/task-uid": uid,
+        assert job_view(job) == {
+            "metadata": {
+                "name": "train-1",
+                "namespace": "default",
+                "labels": labels,
+                "annotations": {
+                    "gputask.io/placement": annotation,
+                    "gputask.io/attempt": "1",
+                    "gputask.io/task-uid": uid,
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": "gputask.io/v1alpha1",
+                        "kind": "GPUTask",
+                        "name": "train",
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
             },
-            "ownerReferences": [
-                {
-                    "apiVersion": "gputask.io/v1alpha1",
-                    "kind": "GPUTask",
-                    "name": "train",
-                    "uid": uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": labels, "annotations": {"gputask.io/placement": annotation}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "busybox:1.36",
-                            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-t4-0"}],
-                        }
-                    ],
-                    "affinity": affinity,
-                    "restartPolicy": "Never",
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": labels, "annotations": {"gputask.io/placement": annotation}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "busybox:1.36",
+                                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-t4-0"}],
+                            }
+                        ],
+                        "affinity": affinity,
+                        "restartPolicy": "Never",
+                    },
                 },
             },
-        },
-    }
+        }
 
-    async def admitted() -> dict[str, Any] | None:
-        found = await cluster.task("train")
-        return found if (found.get("status") or {}).get("phase") == "Admitted" else None
+        async def admitted() -> dict[str, Any] | None:
+            found = await cluster.task("train")
+            return found if (found.get("status") or {}).get("phase") == "Admitted" else None
 
-    message = "Admitted by GPUClusterQueue 'default' on node-a GPUs [0] (12288 MiB each)"
-    assert status_view(await eventually(admitted)) == {
-        "phase": "Admitted",
-        "conditions": [
-            {
-                "type": "QuotaReserved",
-                "status": "True",
-                "reason": "QuotaReserved",
-                "message": "quota reserved in 'default'",
-            },
-            {"type": "Admitted", "status": "True", "reason": "Admitted", "message": message},
-        ],
-        "placement": {"node": "node-a", "gpus": [{"index": 0, "uuid": "GPU-t4-0", "memory": 12288}]},
-        "attempt": 1,
-        "reschedules": 0,
-        "jobName": "train-1",
-        "priority": 0,
-        "message": message,
-    }
-    assert await eventually(lambda: cluster.events_for("train")) == [("Normal", "Admitted", message)]
+        message = "Admitted by GPUClusterQueue 'default' on node-a GPUs [0] (12288 MiB each)"
+        assert status_view(await eventually(admitted)) == {
+            "phase": "Admitted",
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "True",
+                    "reason": "QuotaReserved",
+                    "message": "quota reserved in 'default'",
+                },
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": message},
+            ],
+            "placement": {"node": "node-a", "gpus": [{"index": 0, "uuid": "GPU-t4-0", "memory": 12288}]},
+            "attempt": 1,
+            "reschedules": 0,
+            "jobName": "train-1",
+            "priority": 0,
+            "message": message,
+        }
+        assert await eventually(lambda: cluster.events_for("train")) == [("Normal", "Admitted", message)]
 
 
-async def test_deleting_a_task_frees_its_gpu_for_the_next(cluster: Cluster, operator: Operator) -> None:
+async def test_deleting_a_task_frees_its_gpu_for_the_next(cluster: Cluster) -> None:
     """A second task waits with reason NoFit; deleting the first GCs its Job and admits the second there."""
-    await cluster.add_node("node-a", A10)
-    await cluster.add_queue()
-    await cluster.submit(gputask("first", gpuMemory="20Gi"))
-    await eventually(lambda: job_of(cluster, "first-1"))
-    await cluster.submit(gputask("second", gpuMemory="20Gi"))
+    async with running_operator(cluster):
+        await cluster.add_node("node-a", A10)
+        await cluster.add_queue()
+        await cluster.submit(gputask("first", gpuMemory="20Gi"))
+        await eventually(lambda: job_of(cluster, "first-1"))
+        await cluster.submit(gputask("second", gpuMemory="20Gi"))
 
-    async def waiting() -> list[tuple[str, str, str]]:
-        return await cluster.events_for("second")
+        async def waiting() -> list[tuple[str, str, str]]:
+            return await cluster.events_for("second")
 
-    reason = ("Normal", "NoFit", "no node has 1 GPU(s) 20480 MiB free each")
-    assert await eventually(waiting) == [reason]
-    pending = await cluster.task("second")
-    assert [(c["type"], c["status"], c["reason"]) for c in pending["status"]["conditions"]] == [
-        ("QuotaReserved", "False", "NoFit"),
-        ("Admitted", "False", "NoFit"),
-    ]
+        reason = ("Normal", "NoFit", "no node has 1 GPU(s) 20480 MiB free each")
+        assert await eventually(waiting) == [reason]
+        pending = await cluster.task("second")
+        assert [(c["type"], c["status"], c["reason"]) for c in pending["status"]["conditions"]] == [
+            ("QuotaReserved", "False", "NoFit"),
+            ("Admitted", "False", "NoFit"),
+        ]
 
-    await cluster.client.delete(GPUTASKS, "first", "default")
-    second_job = await eventually(lambda: job_of(cluster, "second-1"))
+        await cluster.client.delete(GPUTASKS, "first", "default")
+        second_job = await eventually(lambda: job_of(cluster, "second-1"))
 
-    assert await job_of(cluster, "first-1") is None
-    assert second_job["metadata"]["annotations"]["gputask.io/placement"] == (
-        '{"node":"node-a","uuids":["GPU-a10-0"],"indices":[0],"memoryMiB":[20480]}'
-    )
+        assert await job_of(cluster, "first-1") is None
+        assert second_job["metadata"]["annotations"]["gputask.io/placement"] == (
+            '{"node":"node-a","uuids":["GPU-a10-0"],"indices":[0],"memoryMiB":[20480]}'
+        )
 
 
-async def test_invalid_spec_fails_with_a_reason_and_blocks_nothing(cluster: Cluster, operator: Operator) -> None:
+async def test_invalid_spec_fails_with_a_reason_and_blocks_nothing(cluster: Cluster) -> None:
     """A task with both gpuMemory and gpuFraction goes Failed/InvalidSpec with a Warning Event; the next task runs."""
-    await cluster.add_node("node-a", A10)
-    await cluster.add_queue()
-    await cluster.submit(gputask("bad", gpuMemory="1Gi", gpuFraction="0.5"))
-    await cluster.submit(gputask("good", gpuMemory="1Gi"))
+    async with running_operator(cluster):
+        await cluster.add_node("node-a", A10)
+        await cluster.add_queue()
+        await cluster.submit(gputask("bad", gpuMemory="1Gi", gpuFraction="0.5"))
+        await cluster.submit(gputask("good", gpuMemory="1Gi"))
 
-    await eventually(lambda: job_of(cluster, "good-1"))
+        await eventually(lambda: job_of(cluster, "good-1"))
 
-    async def failed() -> dict[str, Any] | None:
-        found = await cluster.task("bad")
-        return found if (found.get("status") or {}).get("phase") == "Failed" else None
+        async def failed() -> dict[str, Any] | None:
+            found = await cluster.task("bad")
+            return found if (found.get("status") or {}).get("phase") == "Failed" else None
 
-    message = "set at most one of spec.gpuMemory and spec.gpuFraction"
-    bad = await eventually(failed)
-    assert (bad["status"]["conditions"][0]["reason"], bad["status"]["message"]) == ("InvalidSpec", message)
-    assert await cluster.events_for("bad") == [("Warning", "InvalidSpec", message)]
-    assert await job_of(cluster, "bad-1") is None
+        message = "set at most one of spec.gpuMemory and spec.gpuFraction"
+        bad = await eventually(failed)
+        assert (bad["status"]["conditions"][0]["reason"], bad["status"]["message"]) == ("InvalidSpec", message)
+        assert await cluster.events_for("bad") == [("Warning", "InvalidSpec", message)]
+        assert await job_of(cluster, "bad-1") is None
 
 
-async def test_finished_job_releases_gpus_and_task_succeeds(cluster: Cluster, operator: Operator) -> None:
+async def test_finished_job_releases_gpus_and_task_succeeds(cluster: Cluster) -> None:
     """When the Job completes the task goes Succeeded and its GPU memory admits the waiting task."""
-    await cluster.add_node("node-a", A10)
-    await cluster.add_queue()
-    await cluster.submit(gputask("first"))
-    await eventually(lambda: job_of(cluster, "first-1"))
-    await cluster.submit(gputask("second"))
-    complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
-    await cluster.client.patch(JOBS, "first-1", complete, "default", status=True)
+    async with running_operator(cluster):
+        await cluster.add_node("node-a", A10)
+        await cluster.add_queue()
+        await cluster.submit(gputask("first"))
+        await eventually(lambda: job_of(cluster, "first-1"))
+        await cluster.submit(gputask("second"))
+        complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+        await cluster.client.patch(JOBS, "first-1", complete, "default", status=True)
 
-    await eventually(lambda: job_of(cluster, "second-1"))
+        await eventually(lambda: job_of(cluster, "second-1"))
 
-    first = await cluster.task("first")
-    assert (first["status"]["phase"], first["status"]["message"]) == ("Succeeded", "Job first-1 completed")
+        first = await cluster.task("first")
+        assert (first["status"]["phase"], first["status"]["message"]) == ("Succeeded", "Job first-1 completed")
 
 
 async def test_restarted_operator_rebuilds_state_and_never_double_books(cluster: Cluster) -> None:
@@ -203,17 +210,18 @@ async def test_restarted_operator_rebuilds_state_and_never_double_books(cluster:
         assert second.controller.scheduler.placement_of("default/first") is not None
 
 
-async def test_memory_used_outside_gputask_is_not_overcommitted(cluster: Cluster, operator: Operator) -> None:
+async def test_memory_used_outside_gputask_is_not_overcommitted(cluster: Cluster) -> None:
     """A GPU whose reported use (20Gi, none of it ours) leaves too little room gets no 10Gi task; the idle GPU does."""
-    await cluster.add_node("node-a", ("GPU-busy", "NVIDIA-A10", "24Gi"), ("GPU-idle", "NVIDIA-A10", "24Gi"))
-    body = gpunode("node-a", ("GPU-busy", "NVIDIA-A10", "24Gi"), ("GPU-idle", "NVIDIA-A10", "24Gi"))
-    body["status"]["gpus"][0]["memoryUsed"] = "20Gi"
-    await cluster.client.patch(GPUNODES, "node-a", {"status": body["status"]}, status=True)
-    await cluster.add_queue()
-    await cluster.submit(gputask("t", gpuMemory="10Gi"))
+    async with running_operator(cluster):
+        await cluster.add_node("node-a", ("GPU-busy", "NVIDIA-A10", "24Gi"), ("GPU-idle", "NVIDIA-A10", "24Gi"))
+        body = gpunode("node-a", ("GPU-busy", "NVIDIA-A10", "24Gi"), ("GPU-idle", "NVIDIA-A10", "24Gi"))
+        body["status"]["gpus"][0]["memoryUsed"] = "20Gi"
+        await cluster.client.patch(GPUNODES, "node-a", {"status": body["status"]}, status=True)
+        await cluster.add_queue()
+        await cluster.submit(gputask("t", gpuMemory="10Gi"))
 
-    job = await eventually(lambda: job_of(cluster, "t-1"))
+        job = await eventually(lambda: job_of(cluster, "t-1"))
 
-    assert job["metadata"]["annotations"]["gputask.io/placement"] == (
-        '{"node":"node-a","uuids":["GPU-idle"],"indices":[1],"memoryMiB":[10240]}'
-    )
+        assert job["metadata"]["annotations"]["gputask.io/placement"] == (
+            '{"node":"node-a","uuids":["GPU-idle"],"indices":[1],"memoryMiB":[10240]}'
+        )
