@@ -37,6 +37,29 @@ def scenario_run(
     raise typer.Exit(cli_run(file, output=output, policy=policy, plot=plot, config=config))
 
 
+@scenario_app.command("chaos")
+def scenario_chaos(
+    nodes: Annotated[int, typer.Option(min=1, help="GPU nodes.")] = 300,
+    tasks: Annotated[int, typer.Option(min=1, help="Tasks submitted.")] = 3000,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same scenario).")] = 1,
+    write: Annotated[Path | None, typer.Option(help="Also write the generated scenario YAML here.")] = None,
+) -> None:
+    """Generate and run a randomized scenario with failures, restarts and deletions; exit 1 on any violation."""
+    import json
+
+    import yaml
+
+    from gputask.sim.chaos import generate, summarize
+    from gputask.sim.scenario import run_scenario
+
+    doc = generate(seed=seed, nodes=nodes, tasks=tasks)
+    if write is not None:
+        write.write_text(yaml.safe_dump(doc, sort_keys=False))
+    summary = summarize(run_scenario(doc), tasks)
+    typer.echo(json.dumps(summary, indent=1))
+    raise typer.Exit(0 if not summary["violations"] and summary["accountedFor"] == tasks else 1)
+
+
 @app.command()
 def simulate(
     trace_dir: Annotated[Path, typer.Option(help="Folder of the Alibaba GPU trace v2023 CSVs (not shipped).")],
