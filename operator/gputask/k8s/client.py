@@ -73,6 +73,11 @@ NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
 PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False)
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 WORKLOADPRIORITYCLASSES = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False)
+PODS = Resource("", "v1", "pods")
+CONFIGMAPS = Resource("", "v1", "configmaps")
+WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads")
+LOCALQUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues")
+ADMISSIONCHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", namespaced=False)
 
 
 def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
@@ -139,11 +144,13 @@ class KubeClient:
         return await self._call("GET", res.path(namespace, name))
 
     async def list(
-        self, res: Resource, namespace: str | None = None, *, labels: str | None = None
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None, fields: str | None = None
     ) -> list[dict[str, Any]]:
-        """LIST objects (all namespaces when ``namespace`` is None), optionally by label selector."""
-        query = {"labelSelector": labels} if labels else None
-        result = await self._call("GET", res.path(namespace), query=query)
+        """LIST objects (all namespaces when ``namespace`` is None), optionally by label and field selector."""
+        query = {"labelSelector": labels} if labels else {}
+        if fields:
+            query["fieldSelector"] = fields
+        result = await self._call("GET", res.path(namespace), query=query or None)
         return list(result.get("items") or [])
 
     async def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:

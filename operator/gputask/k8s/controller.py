@@ -212,6 +212,8 @@ class Controller:
         try:
             record.task = self.convert_task(record.obj)
             record.invalid, record.phase = None, PENDING
+            if self.config.queueing == "kueue":
+                return  # Kueue admits; gputask places when Kueue asks (gputask.k8s.kueue_admission)
             self.scheduler.set_reschedules(record.key, record.reschedules)
             self.scheduler.submit(record.task)
         except InvalidTaskError as exc:

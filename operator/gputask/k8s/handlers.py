@@ -28,15 +28,19 @@ from gputask.k8s.client import (
     JOBS,
     NAMESPACES,
     NODES,
+    PODS,
     PRIORITYCLASSES,
     WORKLOADPRIORITYCLASSES,
+    WORKLOADS,
     ApiError,
     KubeClient,
     Resource,
 )
 from gputask.k8s.controller import ADMITTED, PENDING, RUNNING, Controller
 from gputask.k8s.executor import Executor
-from gputask.k8s.jobs import TASK_UID_ANNOTATION
+from gputask.k8s.foreign import UNFINISHED_PODS, may_claim
+from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
+from gputask.k8s.kueue import KueueSupport
 from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
 from gputask.metrics import OperatorMetrics
@@ -71,6 +75,8 @@ class Operator:
         self.metrics = OperatorMetrics()
         self.executor = Executor(client, controller, self.metrics)
         self.loop = SchedulingLoop(controller, self.executor)
+        self.kueue = KueueSupport(client, self.executor)
+        self.foreign = controller.inventory.foreign  # foreign GPU pods, kept across rebuilds
         self.registry = kopf.OperatorRegistry()
         self.leading = False
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -80,16 +86,22 @@ class Operator:
     async def rebuild(self) -> None:
         """List everything and rebuild a fresh controller before the first cycle."""
         objects: dict[str, list[dict[str, Any]]] = {}
-        for kind, (resource, labels) in REBUILD_ORDER.items():
+        kueue_mode = self.controller.config.queueing == "kueue"
+        lists = {**REBUILD_ORDER, "pods": (PODS, None), **({"workloads": (WORKLOADS, None)} if kueue_mode else {})}
+        for kind, (resource, labels) in lists.items():
+            fields = UNFINISHED_PODS if resource == PODS else None
             try:
-                objects[kind] = await self.client.list(resource, labels=labels)
+                objects[kind] = await self.client.list(resource, labels=labels, fields=fields)
             except ApiError as exc:
                 if exc.status != 404:
                     raise kopf.TemporaryError(f"listing {kind} failed: {exc}", delay=5) from exc
                 objects[kind] = []  # e.g. no Kueue WorkloadPriorityClass API in this cluster
+        self.foreign.reset(objects["pods"])
         controller = Controller(self.controller.config)
+        controller.inventory.foreign = self.foreign
         controller.rebuild_from(objects)
         self.controller = self.executor.controller = self.loop.controller = controller
+        await self.kueue.rebuild(objects.get("workloads", []))
         for record in list(controller.tasks.values()):
             if record.invalid is not None:
                 await self.executor.invalid(record)
@@ -100,11 +112,13 @@ class Operator:
         self.leading = True
         self.loop.start()
         self.loop.wake()
+        self.kueue.start()
 
     async def step_down(self) -> None:
         """Stop scheduling (lost the Lease, or shutting down)."""
         self.leading = False
         await self.loop.stop()
+        await self.kueue.stop()
 
     # -- handlers -----------------------------------------------------------------------
     async def on_startup(self, **_: Any) -> None:
@@ -145,14 +159,17 @@ class Operator:
             if record.invalid is not None and record.phase == PENDING:
                 await self.executor.invalid(record)
         self.loop.wake()
+        self.kueue.wake()
 
     async def on_job(self, event: dict[str, Any], **_: Any) -> None:
         """One of our Jobs changed: track running, completion and disappearance."""
         if not self.leading:
             return
         obj = event["object"]
+        self.kueue.on_job(obj, deleted=event.get("type") == "DELETED")
         if event.get("type") == "DELETED":
             await self._job_deleted(obj)
+            self.kueue.wake()
             return
         job = self.controller.on_job(obj)
         if job is None:
@@ -178,6 +195,23 @@ class Operator:
             await self.executor.evict(Evict(lost.task, lost.placement, "JobDeleted", message))
         self.loop.wake()
 
+    async def on_pod(self, event: dict[str, Any], **_: Any) -> None:
+        """A pod that may hold GPUs changed: update the foreign-use index and that node's GPUs."""
+        node = self.foreign.on_pod(event["object"], deleted=event.get("type") == "DELETED")
+        if node is not None and self.leading:
+            self.controller.inventory.refresh_node(node, time.time())
+            self.loop.wake()
+
+    async def on_local_queue(self, event: dict[str, Any], **_: Any) -> None:
+        """A Kueue LocalQueue changed (gputask mode: it may make Kueue suspend our Jobs)."""
+        self.kueue.on_local_queue(event["object"], deleted=event.get("type") == "DELETED")
+
+    async def on_workload(self, event: dict[str, Any], **_: Any) -> None:
+        """A Kueue Workload changed (Kueue mode: it may wait for our placement check)."""
+        if self.leading:
+            self.kueue.admission.on_workload(event["object"], deleted=event.get("type") == "DELETED")
+            self.kueue.wake()
+
     def _track(self, method: str, *, timed: bool = False) -> Handler:
         """A handler that passes the object to ``controller.inventory.<method>`` (looked up per event)."""
 
@@ -200,6 +234,11 @@ class Operator:
         kopf.on.cleanup(registry=reg)(self.on_cleanup)
         kopf.on.event("gputask.io", "v1alpha1", "gputasks", registry=reg)(self.on_task)
         kopf.on.event("batch", "v1", "jobs", registry=reg, annotations={TASK_UID_ANNOTATION: kopf.PRESENT})(self.on_job)
+        kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.ABSENT}, when=may_claim)(self.on_pod)
+        if self.controller.config.queueing == "kueue":
+            kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", registry=reg)(self.on_workload)
+        else:
+            kopf.on.event("kueue.x-k8s.io", "v1beta2", "localqueues", registry=reg)(self.on_local_queue)
         for resource, handler in (
             (("gputask.io", "v1alpha1", "gpunodes"), self._track("on_gpunode", timed=True)),
             (("v1", "nodes"), self._track("on_node", timed=True)),

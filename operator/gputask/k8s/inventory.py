@@ -15,6 +15,7 @@ from typing import Any
 from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
 from gputask.k8s import convert
+from gputask.k8s.foreign import ForeignPods, occupied_gpus
 
 log = logging.getLogger("gputask.inventory")
 
@@ -49,6 +50,7 @@ class Inventory:
         self.stale: set[str] = set()
         self.queue_errors: dict[str, str] = {}
         self.gpunode_errors: dict[str, list[str]] = {}
+        self.foreign = ForeignPods()  # the operator shares one index across rebuilds
 
     # -- priorities and namespaces --------------------------------------------------------
     def on_priority_class(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
@@ -122,7 +124,8 @@ class Inventory:
         self.scheduler.set_node(node)
 
     def _with_foreign_use(self, node: Node, used: Mapping[int, int]) -> Node:
-        """Memory used beyond what gputask reserved (minus a tolerance) counts as foreign use.
+        """Memory used beyond what gputask reserved (minus a tolerance) counts as foreign use,
+        and GPUs that foreign pods hold (:mod:`gputask.k8s.foreign`) count as fully used.
 
         A GPU busy with work gputask did not place must not be over-committed (issue: node
         agent, foreign use). The tolerance absorbs CUDA context overhead of our own tasks.
@@ -130,15 +133,21 @@ class Inventory:
         known = self.scheduler.cluster.node(node.name) if self.scheduler.cluster.has_node(node.name) else None
         tolerance = self.config.foreign_tolerance_mib
         gpus = []
+        ours: set[int] = set()
         for gpu in node.gpus:
             reserved = 0
             if known is not None and gpu.index in known.position:
                 pos = known.position[gpu.index]
                 if known.node.gpus[pos].uuid == gpu.uuid:
                     reserved = known.reserved_mib[pos]
+            if reserved:
+                ours.add(gpu.index)
             foreign = max(0, used.get(gpu.index, 0) - reserved - tolerance)
             gpus.append(replace(gpu, foreign_mib=min(foreign, gpu.memory_mib)))
-        return replace(node, gpus=tuple(gpus))
+        node = replace(node, gpus=tuple(gpus))
+        held = occupied_gpus(node, self.foreign.claims_on(node.name), ours)
+        full = tuple(replace(g, foreign_mib=g.memory_mib) if g.index in held else g for g in node.gpus)
+        return replace(node, gpus=full)
 
     def check_heartbeats(self, now: float) -> None:
         """Re-evaluate heartbeat staleness (time passes without events)."""

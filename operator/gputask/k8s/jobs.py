@@ -77,11 +77,17 @@ def _pin_pod_spec(pod_spec: dict[str, Any], node: str, uuids: str) -> None:
             ]
         }
     }
+    set_visible_devices(pod_spec, {"name": VISIBLE_DEVICES, "value": uuids})
+
+
+def set_visible_devices(pod_spec: dict[str, Any], env_var: Mapping[str, Any]) -> None:
+    """Give every container ``env_var`` as its ``NVIDIA_VISIBLE_DEVICES`` and no ``nvidia.com/gpu``
+    request (the device plugin must not pick other GPUs); restartPolicy Never unless set."""
     pod_spec.setdefault("restartPolicy", "Never")
     for kind in ("initContainers", "containers"):
         for container in pod_spec.get(kind) or []:
             env = [e for e in container.get("env") or [] if e.get("name") != VISIBLE_DEVICES]
-            env.append({"name": VISIBLE_DEVICES, "value": uuids})
+            env.append(dict(env_var))
             container["env"] = env
             for section in ("limits", "requests"):
                 resources = (container.get("resources") or {}).get(section)
@@ -100,16 +106,29 @@ def build_job(
 
     Raises KeyError when the task has no name, namespace or uid (the caller converts first).
     """
+    annotation = placement_annotation(placement)
+    job = job_shell(task_obj, attempt=attempt, queue=queue, annotations={PLACEMENT_ANNOTATION: annotation})
+    template = job["spec"]["template"]
+    template["metadata"]["annotations"] = {
+        **(template["metadata"].get("annotations") or {}),
+        PLACEMENT_ANNOTATION: annotation,
+    }
+    _pin_pod_spec(template["spec"], placement.node, ",".join(g.uuid for g in placement.gpus))
+    return job
+
+
+def job_shell(
+    task_obj: Mapping[str, Any], *, attempt: int, queue: str, annotations: Mapping[str, str]
+) -> dict[str, Any]:
+    """A task's Job before placement: name, labels, ``annotations`` plus attempt and task uid,
+    the ownerReference, and a copy of the task's pod template carrying the labels."""
     meta = task_obj["metadata"]
     name, namespace, uid = meta["name"], meta.get("namespace") or "default", meta["uid"]
     template = copy.deepcopy(dict((task_obj.get("spec") or {}).get("template") or {}))
     pod_meta = template.setdefault("metadata", {})
-    pod_spec = template.setdefault("spec", {})
-    annotation = placement_annotation(placement)
+    template.setdefault("spec", {})
     labels = {TASK_LABEL: fit_name(name), QUEUE_LABEL: fit_name(queue)}
     pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
-    pod_meta["annotations"] = {**(pod_meta.get("annotations") or {}), PLACEMENT_ANNOTATION: annotation}
-    _pin_pod_spec(pod_spec, placement.node, ",".join(g.uuid for g in placement.gpus))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -117,11 +136,7 @@ def build_job(
             "name": job_name(name, attempt),
             "namespace": namespace,
             "labels": labels,
-            "annotations": {
-                PLACEMENT_ANNOTATION: annotation,
-                ATTEMPT_ANNOTATION: str(attempt),
-                TASK_UID_ANNOTATION: uid,
-            },
+            "annotations": {**annotations, ATTEMPT_ANNOTATION: str(attempt), TASK_UID_ANNOTATION: uid},
             "ownerReferences": [
                 {
                     "apiVersion": API_VERSION,

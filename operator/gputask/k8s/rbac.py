@@ -23,23 +23,42 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gputask.k8s.client import (
+    ADMISSIONCHECKS,
+    CONFIGMAPS,
     EVENTS,
     GPUCLUSTERQUEUES,
     GPUNODES,
     GPUTASKS,
     JOBS,
     LEASES,
+    LOCALQUEUES,
     NAMESPACES,
     NODES,
+    PODS,
     PRIORITYCLASSES,
     WORKLOADPRIORITYCLASSES,
+    WORKLOADS,
     Resource,
 )
 
 CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 
-# Everything the operator rebuilds its state from and kopf keeps watching (handlers.REBUILD_ORDER).
-WATCHED = (GPUTASKS, GPUCLUSTERQUEUES, GPUNODES, JOBS, NODES, NAMESPACES, PRIORITYCLASSES, WORKLOADPRIORITYCLASSES)
+# Everything the operator rebuilds its state from and kopf keeps watching (handlers.REBUILD_ORDER),
+# plus pods (foreign GPU use) and Kueue's LocalQueues (gputask mode) and Workloads (Kueue mode).
+WATCHED = (
+    GPUTASKS,
+    GPUCLUSTERQUEUES,
+    GPUNODES,
+    JOBS,
+    NODES,
+    NAMESPACES,
+    PRIORITYCLASSES,
+    WORKLOADPRIORITYCLASSES,
+    PODS,
+    LOCALQUEUES,
+    WORKLOADS,
+)
+KUEUE_MANAGER_CONFIG = "kueue-manager-config"
 
 
 class Grant(NamedTuple):
@@ -90,6 +109,16 @@ OPERATOR: tuple[Rule, ...] = (
     rule(JOBS, "create", "delete", why="one pinned Job per admission; deleted on eviction, preemption, task deletion"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),
+    rule(
+        CONFIGMAPS,
+        "get",
+        why=f"gputask mode: read Kueue's configuration (ConfigMap {KUEUE_MANAGER_CONFIG} in kueue-system) to "
+        "tell whether Kueue would suspend gputask's Jobs; the chart limits it to that name (resourceNames)",
+    ),
+    rule(WORKLOADS, "get", why="Kueue mode: re-read a Workload after its status patch conflicted"),
+    rule(WORKLOADS, "patch", sub="status", why="Kueue mode: answer the gputask-placement admission check"),
+    rule(ADMISSIONCHECKS, "get", "create", why="Kueue mode: make sure the AdmissionCheck gputask-placement exists"),
+    rule(ADMISSIONCHECKS, "patch", sub="status", why="Kueue mode: mark the AdmissionCheck Active"),
 )
 
 # The operator's Role in the Lease's namespace, only with ``config.leaderElection``.

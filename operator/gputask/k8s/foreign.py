@@ -1,0 +1,191 @@
+"""GPUs held by pods gputask did not create, so it never places work on a GPU someone else has.
+
+A pod counts as *foreign GPU use* when it has no ``gputask.io/task`` label, is bound to a node
+(``spec.nodeName``), has not finished (phase not Succeeded or Failed), and either requests
+``nvidia.com/gpu`` (limits, else requests) or sets ``NVIDIA_VISIBLE_DEVICES`` to GPU UUIDs or
+indices (``all`` means every GPU of the node; ``void``, ``none`` and an empty value mean none).
+
+:class:`ForeignPods` is an incremental index ``node -> {pod uid: claim}`` fed by pod watch
+events (one pod at a time; nothing lists every pod per cycle). :func:`occupied_gpus` turns a
+node's claims into the GPUs that are fully occupied:
+
+1. GPUs named by UUID or index are occupied;
+2. for ``nvidia.com/gpu: N`` the kubelet's device choice is not in the API, so N whole GPUs are
+   counted: first those the agent reports busy with memory gputask did not reserve (the likely
+   ones), then idle GPUs (no gputask reservation, nothing foreign) in index order, and only then
+   GPUs gputask uses.
+
+Why this is conservative: the count is never lower than what the device plugin handed out (a
+pod both naming devices and requesting ``nvidia.com/gpu`` is charged both); every counted GPU is
+taken whole, so nothing else is placed on it; and preferring idle GPUs withholds the most free
+capacity from gputask, so its view of free GPUs never exceeds the truth in total. A guess can
+name the wrong idle GPU until the pod's processes show up in the agent's memory report; the
+claim then moves to the GPU that report points at. Pair it with the device-pinning guard
+(``examples/policies/``) so no pod can claim GPUs through ``NVIDIA_VISIBLE_DEVICES`` unseen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gputask.core import Node
+from gputask.k8s.jobs import TASK_LABEL, VISIBLE_DEVICES
+
+GPU_RESOURCE = "nvidia.com/gpu"
+FINISHED_POD_PHASES = ("Succeeded", "Failed")
+NO_DEVICES = frozenset({"", "void", "none"})
+UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+"""Field selector of the one pod listing, at start (watch events keep the index current after)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuClaim:
+    """GPUs one foreign pod holds on its node.
+
+    ``count``: whole GPUs requested through ``nvidia.com/gpu`` (devices unknown);
+    ``devices``: UUIDs or indices named by ``NVIDIA_VISIBLE_DEVICES``; ``every``: it said ``all``.
+    """
+
+    count: int = 0
+    devices: tuple[str, ...] = ()
+    every: bool = False
+
+
+def _gpu_count(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):  # an extended resource's request equals its limit
+        value = (resources.get(section) or {}).get(GPU_RESOURCE)
+        if value is not None:
+            try:
+                return max(0, int(str(value)))
+            except ValueError:
+                return 0
+    return 0
+
+
+def _visible_devices(container: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """(named devices, every) from a container's literal ``NVIDIA_VISIBLE_DEVICES`` (valueFrom cannot be read)."""
+    for env in container.get("env") or []:
+        if isinstance(env, Mapping) and env.get("name") == VISIBLE_DEVICES and isinstance(env.get("value"), str):
+            value = env["value"].strip()
+            if value.lower() in NO_DEVICES:
+                return (), False
+            if value.lower() == "all":
+                return (), True
+            return tuple(t.strip() for t in value.split(",") if t.strip()), False
+    return (), False
+
+
+def claim_of(spec: Mapping[str, Any]) -> GpuClaim | None:
+    """The GPUs a pod spec holds, or None when it holds none.
+
+    Containers run together, so their counts add up; init containers run one at a time before
+    them, so the pod holds the larger of the two (as the kubelet reckons a pod's request).
+    """
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
+    count = max(sum(map(_gpu_count, containers)), max(map(_gpu_count, inits), default=0))
+    devices: list[str] = []
+    every = False
+    for container in inits + containers:
+        named, all_of_them = _visible_devices(container)
+        every = every or all_of_them
+        devices += [d for d in named if d not in devices]
+    if not count and not devices and not every:
+        return None
+    return GpuClaim(count, tuple(devices), every)
+
+
+def may_claim(body: Mapping[str, Any], **_: Any) -> bool:
+    """Cheap kopf filter: a pod whose spec can hold GPUs (specs of running pods do not change)."""
+    return claim_of(body.get("spec") or {}) is not None
+
+
+def pod_claim(pod: Mapping[str, Any]) -> tuple[str, GpuClaim] | None:
+    """(node, claim) of a foreign pod that holds GPUs now; None for ours, unbound, finished or GPU-less pods."""
+    meta = pod.get("metadata") or {}
+    if TASK_LABEL in (meta.get("labels") or {}):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    if not node or phase in FINISHED_POD_PHASES:
+        return None
+    claim = claim_of(pod.get("spec") or {})
+    return None if claim is None else (str(node), claim)
+
+
+class ForeignPods:
+    """Incremental index of foreign GPU claims by node; survives operator rebuilds."""
+
+    def __init__(self) -> None:
+        self.by_node: dict[str, dict[str, GpuClaim]] = {}
+        self.node_of: dict[str, str] = {}  # pod uid -> node
+
+    def on_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> str | None:
+        """Take one pod event; returns the node whose claims changed, else None."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            return None
+        found = None if deleted else pod_claim(pod)
+        old_node = self.node_of.get(uid)
+        if found is None:
+            if old_node is None:
+                return None
+            self._drop(uid, old_node)
+            return old_node
+        node, claim = found
+        if old_node == node and self.by_node[node].get(uid) == claim:
+            return None
+        if old_node is not None:
+            self._drop(uid, old_node)
+        self.by_node.setdefault(node, {})[uid] = claim
+        self.node_of[uid] = node
+        return node
+
+    def reset(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the index with the claims of ``pods`` (a fresh listing)."""
+        self.by_node.clear()
+        self.node_of.clear()
+        for pod in pods:
+            self.on_pod(pod)
+
+    def claims_on(self, node: str) -> list[GpuClaim]:
+        """The claims of the foreign pods bound to ``node``, in pod uid order."""
+        claims = self.by_node.get(node) or {}
+        return [claims[uid] for uid in sorted(claims)]
+
+    def _drop(self, uid: str, node: str) -> None:
+        self.node_of.pop(uid, None)
+        claims = self.by_node.get(node)
+        if claims is not None:
+            claims.pop(uid, None)
+            if not claims:
+                del self.by_node[node]
+
+
+def occupied_gpus(node: Node, claims: Iterable[GpuClaim], reserved: Collection[int]) -> set[int]:
+    """Indices of the GPUs of ``node`` that ``claims`` occupy entirely.
+
+    ``reserved`` holds the indices of GPUs gputask has reserved; ``node.gpus[*].foreign_mib``
+    is what the agent reports in use beyond gputask's reservations. The order of the count-based
+    choice is the module docstring's.
+    """
+    claims = list(claims)
+    indices = [g.index for g in node.gpus]
+    by_name = {g.uuid: g.index for g in node.gpus} | {str(g.index): g.index for g in node.gpus}
+    taken: set[int] = set()
+    for claim in claims:
+        taken |= set(indices) if claim.every else {by_name[d] for d in claim.devices if d in by_name}
+    wanted = sum(c.count for c in claims)
+    busy = [g.index for g in node.gpus if g.foreign_mib > 0]
+    idle = [g.index for g in node.gpus if g.foreign_mib == 0 and g.index not in reserved]
+    ours = [g.index for g in node.gpus if g.foreign_mib == 0 and g.index in reserved]
+    for index in busy + idle + ours:
+        if wanted <= 0:
+            break
+        if index not in taken:
+            taken.add(index)
+            wanted -= 1
+    return taken

@@ -1,0 +1,288 @@
+"""Living beside Kueue: detect what makes Kueue suspend gputask's Jobs, and run Kueue mode.
+
+In gputask mode (``queueing: gputask``) Kueue must leave the Jobs gputask emits alone. Two Kueue
+settings make it suspend them instead (Kueue labels or manages Jobs that carry no
+``kueue.x-k8s.io/queue-name`` label):
+
+- a LocalQueue named ``default`` in the task's namespace (Kueue's LocalQueue defaulting gives
+  such Jobs that queue);
+- ``manageJobsWithoutQueueName: true`` in Kueue's manager configuration (ConfigMap
+  ``kueue-manager-config`` in ``kueue-system``, key ``controller_manager_config.yaml``) for a
+  namespace its ``managedJobsNamespaceSelector`` selects.
+
+Both are looked at only when Kueue's CRDs are discoverable. Each task at risk gets the condition
+``KueueConflict`` (status True, reason ``KueueWouldSuspendJob``) and a Warning Event saying what
+to change; a Job of ours found suspended with a Kueue label or annotation turns the reason into
+``JobSuspendedByKueue``, so no Job is ever left suspended without an explanation.
+
+In Kueue mode (``queueing: kueue``) :class:`~gputask.k8s.kueue_admission.KueueAdmission` does
+the work. :class:`KueueSupport` runs either on a small loop of its own beside the scheduling
+loop: woken by events, and at least every ``cycleInterval``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from gputask.core import InvalidQueueError, LabelRequirement, LabelSelector
+from gputask.k8s import convert
+from gputask.k8s.client import CONFIGMAPS, LOCALQUEUES, ApiError, KubeClient
+from gputask.k8s.controller import FINISHED_PHASES, Controller, TaskRecord
+from gputask.k8s.executor import Executor, set_condition
+from gputask.k8s.jobs import TASK_UID_ANNOTATION
+from gputask.k8s.kueue_admission import KueueAdmission
+
+log = logging.getLogger("gputask.kueue")
+
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+DEFAULT_LOCAL_QUEUE = "default"
+MANAGER_CONFIG_NAMESPACE = "kueue-system"
+MANAGER_CONFIG_NAME = "kueue-manager-config"
+MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
+CONDITION = "KueueConflict"
+WOULD_SUSPEND = "KueueWouldSuspendJob"
+SUSPENDED = "JobSuspendedByKueue"
+RESOLVED = "NoKueueConflict"
+REMEDY = (
+    "exclude the namespace from Kueue's managedJobsNamespaceSelector, remove the LocalQueue 'default' "
+    "from it, or run gputask with `queueing: kueue`"
+)
+REFRESH_S = 30.0  # how often the LocalQueue listing and Kueue's configuration are read again
+
+NAME_LABEL = "kubernetes.io/metadata.name"
+# Kueue's default managedJobsNamespaceSelector: every namespace but kube-system and its own.
+KUEUE_DEFAULT_NAMESPACES = LabelSelector(
+    match_expressions=(LabelRequirement(NAME_LABEL, "NotIn", ("kube-system", MANAGER_CONFIG_NAMESPACE)),)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KueueManagerConfig:
+    """The parts of Kueue's configuration that decide whether it manages our Jobs."""
+
+    manage_jobs_without_queue_name: bool = False
+    managed_namespaces: LabelSelector = KUEUE_DEFAULT_NAMESPACES
+
+
+def parse_manager_config(text: str) -> KueueManagerConfig:
+    """Kueue's ``controller_manager_config.yaml``; raises ValueError when it is not a mapping or
+    its selector is malformed."""
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not YAML: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"expected a mapping, got {type(raw).__name__}")
+    selector = raw.get("managedJobsNamespaceSelector")
+    try:
+        namespaces = KUEUE_DEFAULT_NAMESPACES if selector is None else convert.label_selector(selector)
+    except (InvalidQueueError, AttributeError, TypeError) as exc:  # a list or scalar where a mapping belongs
+        raise ValueError(f"managedJobsNamespaceSelector: {exc}") from None
+    return KueueManagerConfig(raw.get("manageJobsWithoutQueueName") is True, namespaces)
+
+
+@dataclass(slots=True)
+class KueueDetector:
+    """What the operator knows of Kueue: present at all, LocalQueues by namespace, its configuration."""
+
+    present: bool = False
+    local_queues: dict[str, set[str]] = field(default_factory=dict)
+    config: KueueManagerConfig | None = None
+
+    def on_local_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """Track a LocalQueue by namespace and name (seeing one proves Kueue is installed)."""
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+        self.present = True
+        names = self.local_queues.setdefault(namespace, set())
+        names.discard(name) if deleted else names.add(name)
+
+    def cause(self, namespace: str, namespace_labels: Mapping[str, str]) -> str | None:
+        """Why Kueue would suspend a Job without a queue name in ``namespace``; None when it would not."""
+        if not self.present:
+            return None
+        causes = []
+        if DEFAULT_LOCAL_QUEUE in self.local_queues.get(namespace, ()):
+            causes.append(f"namespace {namespace!r} has a LocalQueue named 'default'")
+        config = self.config
+        if config and config.manage_jobs_without_queue_name and config.managed_namespaces.matches(namespace_labels):
+            causes.append(
+                f"Kueue's configuration sets manageJobsWithoutQueueName: true and its "
+                f"managedJobsNamespaceSelector selects namespace {namespace!r}"
+            )
+        return " and ".join(causes) or None
+
+
+def suspended_by_kueue(job: Mapping[str, Any]) -> str | None:
+    """A message when a Job is suspended and carries Kueue's queue-name label or a Kueue annotation."""
+    meta = job.get("metadata") or {}
+    if not (job.get("spec") or {}).get("suspend"):
+        return None
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    queue = labels.get(QUEUE_NAME_LABEL)
+    if queue is None and not any(str(k).startswith(KUEUE_PREFIX) for k in annotations):
+        return None
+    through = f" through LocalQueue {queue!r}" if queue else ""
+    return f"Kueue suspended Job {meta.get('name')}{through}; it will not start until Kueue admits it: {REMEDY}"
+
+
+class KueueSupport:
+    """Kueue detection (gputask mode) or Kueue admission (Kueue mode), on a loop of its own."""
+
+    def __init__(self, client: KubeClient, executor: Executor) -> None:
+        self.client = client
+        self.executor = executor
+        self.detector = KueueDetector()
+        self.admission = KueueAdmission(client, executor)
+        self.suspended: dict[str, str] = {}  # task uid -> message, for Jobs Kueue suspended
+        self._read_at = float("-inf")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def controller(self) -> Controller:
+        """The operator's current controller (replaced at every rebuild)."""
+        return self.executor.controller
+
+    @property
+    def kueue_mode(self) -> bool:
+        """True with ``queueing: kueue``."""
+        return self.controller.config.queueing == "kueue"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def rebuild(self, workloads: list[dict[str, Any]]) -> None:
+        """After the controller was rebuilt: read Kueue's state (and, in Kueue mode, reservations)."""
+        if self.kueue_mode:
+            await self.admission.rebuild(workloads)
+        else:
+            await self.refresh()
+
+    def start(self) -> None:
+        """Start the loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="gputask-kueue")
+        self.wake()
+
+    async def stop(self) -> None:
+        """Stop the loop and wait for it."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def wake(self) -> None:
+        """Ask for a sync soon."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.controller.config.cycle_interval_s)
+            self._wake.clear()
+            try:
+                await self.sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not stop the operator: log and go on
+                log.exception("Kueue sync failed")
+
+    async def sync(self) -> None:
+        """One pass: Kueue mode answers admission checks; gputask mode reports conflicts."""
+        async with self._lock:
+            if self.kueue_mode:
+                await self.admission.sync()
+                return
+            if time.monotonic() - self._read_at > REFRESH_S:
+                await self.refresh()
+            for record in list(self.controller.tasks.values()):
+                await self.report(record)
+
+    # -- events -------------------------------------------------------------------------------
+    def on_local_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """A LocalQueue changed."""
+        self.detector.on_local_queue(obj, deleted)
+        self.wake()
+
+    def on_job(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """One of our Jobs changed: remember whether Kueue holds it suspended (gputask mode)."""
+        uid = ((obj.get("metadata") or {}).get("annotations") or {}).get(TASK_UID_ANNOTATION)
+        if self.kueue_mode or not uid:
+            return
+        message = None if deleted else suspended_by_kueue(obj)
+        if message != self.suspended.get(uid):
+            self.suspended.pop(uid, None) if message is None else self.suspended.__setitem__(uid, message)
+            self.wake()
+
+    # -- detection ----------------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Read LocalQueues and Kueue's configuration; skip the configuration when Kueue is absent."""
+        self._read_at = time.monotonic()
+        detector = self.detector
+        try:
+            queues = await self.client.list(LOCALQUEUES)
+        except ApiError as exc:
+            if exc.status == 404:
+                detector.present, detector.local_queues, detector.config = False, {}, None
+            else:
+                log.warning("listing Kueue LocalQueues failed: %s", exc)
+            return
+        detector.present, detector.local_queues = True, {}
+        for obj in queues:
+            detector.on_local_queue(obj)
+        detector.config = await self._manager_config()
+
+    async def _manager_config(self) -> KueueManagerConfig | None:
+        try:
+            obj = await self.client.get(CONFIGMAPS, MANAGER_CONFIG_NAME, MANAGER_CONFIG_NAMESPACE)
+        except ApiError as exc:
+            if exc.status != 404:
+                log.warning("reading Kueue's configuration failed: %s", exc)
+            return None
+        text = (obj.get("data") or {}).get(MANAGER_CONFIG_KEY)
+        if not isinstance(text, str):
+            return None
+        try:
+            return parse_manager_config(text)
+        except ValueError as exc:
+            log.warning("Kueue's configuration %s/%s: %s", MANAGER_CONFIG_NAMESPACE, MANAGER_CONFIG_NAME, exc)
+            return None
+
+    def wanted(self, record: TaskRecord) -> tuple[bool, str, str] | None:
+        """The KueueConflict condition a task should carry: (status, reason, message), or None for none."""
+        suspended = self.suspended.get(record.uid)
+        if suspended is not None:
+            return True, SUSPENDED, suspended
+        namespace = record.obj["metadata"].get("namespace") or "default"
+        cause = self.detector.cause(namespace, self.controller.inventory.labels_of(namespace))
+        if cause is not None:
+            return True, WOULD_SUSPEND, f"Kueue would suspend the Jobs gputask emits: {cause}. To fix it, {REMEDY}"
+        if CONDITION in record.conditions:
+            return False, RESOLVED, f"Kueue leaves the Jobs gputask emits in namespace {namespace!r} alone"
+        return None
+
+    async def report(self, record: TaskRecord) -> None:
+        """Set, change or clear a task's KueueConflict condition; a Warning Event when it turns True."""
+        if record.deleting or record.phase in FINISHED_PHASES or record.invalid is not None:
+            return
+        wanted = self.wanted(record)
+        old = record.conditions.get(CONDITION)
+        if wanted is None or (old and (old["status"] == "True", old["reason"], old["message"]) == wanted):
+            return
+        status, reason, message = wanted
+        set_condition(record, CONDITION, status, reason, message)
+        if not status:
+            message = str((record.obj.get("status") or {}).get("message") or message)
+        await self.executor.patch_status(record, message=message)
+        if status:
+            await self.executor.event(record, "Warning", reason, message)

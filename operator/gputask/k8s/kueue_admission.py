@@ -1,0 +1,341 @@
+"""Kueue mode (``queueing: kueue``): Kueue owns quota and admission, gputask places on devices.
+
+1. Every valid GPUTask gets its Job at once (:func:`build_kueue_job`): suspended, labelled
+   ``kueue.x-k8s.io/queue-name`` with the task's queue (a Kueue LocalQueue), with no node
+   affinity; each container's ``NVIDIA_VISIBLE_DEVICES`` comes from the pod annotation
+   ``gputask.io/visible-devices`` through the downward API.
+2. Kueue creates a Workload for the Job and reserves quota in a ClusterQueue that lists the
+   AdmissionCheck ``gputask-placement`` (controllerName ``gputask.io/placement``), which gputask
+   creates and marks Active at start.
+3. For each such Workload with quota reserved and the check Pending, gputask finds a placement
+   with the core on its cluster state, reserves it under the task's key (so it is never
+   double-booked), and answers the check: Ready with ``podSetUpdates`` (a hostname
+   nodeSelector and the annotations ``gputask.io/placement`` and ``gputask.io/visible-devices``),
+   or Retry with the reason when no GPU has room (Kueue releases the quota and requeues the
+   Workload; its check comes back Pending and is answered again).
+4. Kueue merges the podSetUpdates into the Job's pod template and unsuspends it.
+
+The reservation is released when the Workload is evicted, finishes or is deleted. After a
+restart, reservations come back from the Workloads whose check is Ready (their placement is in
+the podSetUpdates), so the API stays the only durable state.
+
+The Kueue fields used are listed in :mod:`gputask.k8s.kueue_api`. ``status.admissionChecks``
+is a list keyed by name, but a JSON merge patch replaces lists whole: each write sends the whole
+list as read, with its resourceVersion, and a 409 Conflict reads it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gputask.core import OverCommitError, Placement, TaskKey, UnknownNodeError, find_placement
+from gputask.core.reasons import explain
+from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from gputask.k8s.controller import ADMITTED, FINISHED_PHASES, PENDING, RUNNING, Controller, TaskRecord
+from gputask.k8s.executor import Executor, describe, now_rfc3339, set_condition
+from gputask.k8s.jobs import PLACEMENT_ANNOTATION, placement_annotation
+from gputask.k8s.kueue_api import (
+    CHECK_NAME,
+    CHECK_PENDING,
+    CHECK_READY,
+    CHECK_RETRY,
+    CONTROLLER_NAME,
+    HOSTNAME_LABEL,
+    VISIBLE_DEVICES_ANNOTATION,
+    admission_check,
+    build_kueue_job,
+    check_answer,
+    check_state,
+    condition,
+    condition_true,
+    owner_job,
+    pod_set_name,
+    quota_reserved,
+    ready_placement,
+    workload_key,
+)
+
+log = logging.getLogger("gputask.kueue")
+
+WAITING = "WaitingForKueue"
+REGISTER_RETRY_S = 30.0
+WRITE_RETRIES = 5
+
+
+class KueueAdmission:
+    """gputask as Kueue's AdmissionCheck controller: emits suspended Jobs and answers placement checks."""
+
+    def __init__(self, client: KubeClient, executor: Executor) -> None:
+        self.client = client
+        self.executor = executor
+        self.workloads: dict[str, dict[str, Any]] = {}  # Workloads owned by Jobs, by namespace/name
+        self.held: dict[str, TaskKey] = {}  # Workload key -> task key reserved for it
+        self.registered = False
+        self._register_at = float("-inf")
+
+    @property
+    def controller(self) -> Controller:
+        """The operator's current controller."""
+        return self.executor.controller
+
+    # -- inputs -----------------------------------------------------------------------------------
+    def on_workload(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """Track a Workload owned by a Job (releases happen in :meth:`sync`)."""
+        key = workload_key(obj)
+        if deleted or owner_job(obj) is None:
+            self.workloads.pop(key, None)
+        else:
+            self.workloads[key] = dict(obj)
+
+    async def rebuild(self, workloads: list[dict[str, Any]]) -> None:
+        """Re-reserve the placements of Workloads whose check is Ready; then register the check."""
+        self.workloads, self.held = {}, {}
+        for wl in workloads:
+            self.on_workload(wl)
+        for key, wl in sorted(self.workloads.items()):
+            placement = ready_placement(wl)
+            record = self._record_of(wl)
+            if placement is None or record is None or record.task is None or not quota_reserved(wl):
+                continue
+            try:
+                self.controller.scheduler.cluster.force_reserve(record.task, placement)
+            except UnknownNodeError:
+                continue  # its node is gone: Kueue's node-failure handling evicts it
+            self.held[key] = record.key
+            record.placement = placement
+            record.phase = RUNNING if (record.obj.get("status") or {}).get("phase") == RUNNING else ADMITTED
+        await self.register()
+
+    # -- the AdmissionCheck -----------------------------------------------------------------------
+    async def register(self) -> None:
+        """Make sure the AdmissionCheck ``gputask-placement`` exists and is Active."""
+        self._register_at = time.monotonic()
+        try:
+            current = await self._admission_check()
+        except ApiError as exc:
+            log.warning("cannot register the Kueue AdmissionCheck %s (is Kueue installed?): %s", CHECK_NAME, exc)
+            return
+        owner = (current.get("spec") or {}).get("controllerName")
+        if owner != CONTROLLER_NAME:
+            log.error(
+                "AdmissionCheck %s has controllerName %r, not %r: not answering it", CHECK_NAME, owner, CONTROLLER_NAME
+            )
+            return
+        conditions = [c for c in (current.get("status") or {}).get("conditions") or [] if c.get("type") != "Active"]
+        active = {
+            "type": "Active",
+            "status": "True",
+            "reason": "Active",
+            "message": "gputask places admitted Workloads on GPUs",
+            "lastTransitionTime": now_rfc3339(),
+            "observedGeneration": (current.get("metadata") or {}).get("generation", 1),
+        }
+        old: Mapping[str, Any] = next(
+            (c for c in (current.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), {}
+        )
+        if old.get("status") != "True":
+            try:
+                await self.client.patch(
+                    ADMISSIONCHECKS, CHECK_NAME, {"status": {"conditions": [*conditions, active]}}, status=True
+                )
+            except ApiError as exc:
+                log.warning("marking AdmissionCheck %s Active failed: %s", CHECK_NAME, exc)
+                return
+        self.registered = True
+
+    async def _admission_check(self) -> dict[str, Any]:
+        try:
+            return await self.client.get(ADMISSIONCHECKS, CHECK_NAME)
+        except NotFound:
+            pass
+        try:
+            return await self.client.create(ADMISSIONCHECKS, admission_check())
+        except AlreadyExists:
+            return await self.client.get(ADMISSIONCHECKS, CHECK_NAME)
+
+    # -- the pass ---------------------------------------------------------------------------------
+    async def sync(self) -> None:
+        """Register if needed, emit missing Jobs, release what ended, answer Pending checks."""
+        if not self.registered and time.monotonic() - self._register_at > REGISTER_RETRY_S:
+            await self.register()
+        for record in list(self.controller.tasks.values()):
+            await self._ensure_job(record)
+        for key in list(self.held):
+            wl = self.workloads.get(key)
+            if (
+                wl is None
+                or not quota_reserved(wl)
+                or (check_state(wl) or {}).get("state") not in (CHECK_PENDING, CHECK_READY)
+            ):
+                await self._release(key, wl)
+        for key, wl in sorted(self.workloads.items()):
+            if quota_reserved(wl) and (check_state(wl) or {}).get("state") == CHECK_PENDING:
+                await self._answer(key, wl)
+
+    async def _ensure_job(self, record: TaskRecord) -> None:
+        """Emit the suspended Job of a valid, unfinished task that has none; adopt the one it has."""
+        controller = self.controller
+        if record.task is None or record.deleting or record.phase in FINISHED_PHASES:
+            return
+        namespace = record.obj["metadata"].get("namespace") or "default"
+        job = controller.jobs.get(f"{namespace}/{record.job_name}") if record.job_name else None
+        if job is None or job.terminating:
+            job = controller.job_of(record)
+        if job is not None:
+            record.job_name, record.attempt = job.name, max(record.attempt, job.attempt)
+            if job.outcome is not None:
+                controller.finish_task(record, job.outcome)
+                await self.executor.finished(record, job.outcome)
+            return
+        attempt = record.attempt + 1
+        body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue)
+        namespace = body["metadata"]["namespace"]
+        try:
+            created = await self.client.create(JOBS, body, namespace)
+        except AlreadyExists:
+            created = body
+        except ApiError as exc:
+            self.executor._api_error()
+            log.warning("creating the Job of %s failed (%s); retried next pass", record.key, exc)
+            return
+        controller.on_job(created)
+        record.attempt, record.job_name, record.phase, record.placement = (
+            attempt,
+            body["metadata"]["name"],
+            PENDING,
+            None,
+        )
+        message = (
+            f"Job {record.job_name} waits suspended until Kueue admits it through LocalQueue {record.task.queue!r}"
+        )
+        set_condition(record, "QuotaReserved", False, WAITING, message)
+        set_condition(record, "Admitted", False, WAITING, message)
+        await self.executor.patch_status(record, message=message)
+        await self.executor.event(record, "Normal", WAITING, message)
+
+    async def _answer(self, key: str, wl: dict[str, Any]) -> None:
+        """Place a reserved Workload's task and answer Ready, or Retry when nothing fits."""
+        record = self._record_of(wl)
+        if record is None or record.task is None:
+            return  # not ours, or its Job is not seen yet: the next pass looks again
+        cluster = self.controller.scheduler.cluster
+        for other in [k for k, t in self.held.items() if t == record.key and k != key]:
+            await self._release(other, self.workloads.get(other))
+        held = cluster.reservation(record.key) if self.held.get(key) == record.key else None
+        placement = held.placement if held is not None else None
+        if placement is None:
+            outcome = find_placement(cluster, record.task, self.controller.scheduler.policy)
+            if outcome.placement is None:
+                reason, why = explain(record.task, outcome, self.controller.scheduler.quotas, cluster)
+                await self._retry(key, wl, record, reason, why)
+                return
+            placement = outcome.placement
+            try:
+                cluster.reserve(record.task, placement)
+            except OverCommitError as exc:  # held by something this controller does not track: look again later
+                log.warning("reserving %s for Workload %s failed: %s", record.key, key, exc)
+                return
+            self.held[key] = record.key
+        message = f"placed on {describe(placement)}"
+        answer = check_answer(check_state(wl), CHECK_READY, message, [self._pod_set_update(wl, placement)])
+        if await self._write(key, wl, answer) is None:
+            await self._release(key, None)
+            return
+        await self._admitted(record, wl, placement)
+
+    def _pod_set_update(self, wl: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
+        node = self.controller.inventory.nodes.get(placement.node) or {}
+        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL, placement.node)
+        return {
+            "name": pod_set_name(wl),
+            "nodeSelector": {HOSTNAME_LABEL: hostname},
+            "annotations": {
+                PLACEMENT_ANNOTATION: placement_annotation(placement),
+                VISIBLE_DEVICES_ANNOTATION: ",".join(g.uuid for g in placement.gpus),
+            },
+        }
+
+    async def _admitted(self, record: TaskRecord, wl: Mapping[str, Any], placement: Placement) -> None:
+        if record.placement == placement and record.phase in (ADMITTED, RUNNING):
+            return
+        queue = str(((wl.get("status") or {}).get("admission") or {}).get("clusterQueue") or "")
+        record.placement, record.phase = placement, ADMITTED
+        message = f"Kueue reserved quota in ClusterQueue {queue!r}; gputask placed it on {describe(placement)}"
+        set_condition(
+            record, "QuotaReserved", True, "QuotaReserved", f"quota reserved by Kueue in ClusterQueue {queue!r}"
+        )
+        set_condition(record, "Admitted", True, "Admitted", message)
+        await self.executor.patch_status(record, message=message)
+        await self.executor.event(record, "Normal", "Admitted", message)
+
+    async def _retry(self, key: str, wl: dict[str, Any], record: TaskRecord, reason: str, why: str) -> None:
+        message = f"{why}; Kueue requeues the Workload and asks again"
+        if await self._write(key, wl, check_answer(check_state(wl), CHECK_RETRY, message)) is None:
+            return
+        old = record.conditions.get("Admitted") or {}
+        if (old.get("reason"), old.get("message")) == (reason, message):
+            return
+        set_condition(record, "Admitted", False, reason, message)
+        await self.executor.patch_status(record, message=message)
+        await self.executor.event(record, "Normal", reason, message)
+
+    async def _release(self, key: str, wl: Mapping[str, Any] | None) -> None:
+        """Give back a Workload's GPUs; report an eviction when the Workload was evicted while placed."""
+        task_key = self.held.pop(key, None)
+        if task_key is None:
+            return
+        self.controller.scheduler.cluster.release(task_key)
+        record = self.controller.tasks.get(task_key)
+        if wl is None or record is None or condition_true(wl, "Finished") or record.phase not in (ADMITTED, RUNNING):
+            return
+        evicted = condition(wl, "Evicted") or {}
+        reason = str(evicted.get("reason") or "QuotaReleased") if evicted.get("status") == "True" else "QuotaReleased"
+        message = str(evicted.get("message") or f"Kueue released the quota of Workload {key}")
+        record.phase, record.placement = PENDING, None
+        set_condition(record, "Evicted", True, reason, message)
+        set_condition(record, "Admitted", False, reason, message)
+        set_condition(record, "QuotaReserved", False, reason, message)
+        await self.executor.patch_status(record, message=message)
+        await self.executor.event(record, "Warning", reason, message)
+
+    async def _write(self, key: str, wl: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
+        """Write our admissionChecks entry (optimistic concurrency); the stored Workload, or None."""
+        meta = wl["metadata"]
+        for _ in range(WRITE_RETRIES):
+            checks = [
+                answer if c.get("name") == CHECK_NAME else c
+                for c in (wl.get("status") or {}).get("admissionChecks") or []
+            ]
+            if check_state(wl) is None:
+                checks.append(answer)
+            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"admissionChecks": checks}}
+            try:
+                stored = await self.client.patch(WORKLOADS, meta["name"], body, meta.get("namespace"), status=True)
+            except Conflict:
+                try:
+                    wl = await self.client.get(WORKLOADS, meta["name"], meta.get("namespace"))
+                except ApiError:
+                    return None
+                meta = wl["metadata"]
+                if not quota_reserved(wl) or (check_state(wl) or {}).get("state") != CHECK_PENDING:
+                    self.workloads[key] = wl
+                    return None
+                continue
+            except ApiError as exc:
+                self.executor._api_error()
+                log.warning("answering the admission check of Workload %s failed: %s", key, exc)
+                return None
+            self.workloads[key] = stored
+            return stored
+        return None
+
+    def _record_of(self, wl: Mapping[str, Any]) -> TaskRecord | None:
+        """The task whose Job owns the Workload, or None."""
+        job_key = owner_job(wl)
+        job = self.controller.jobs.get(job_key) if job_key else None
+        if job is None or job.terminating:
+            return None  # not ours, not seen yet, or an old attempt on its way out
+        return self.controller.record_by_uid(job.task_uid)

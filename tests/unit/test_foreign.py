@@ -1,0 +1,109 @@
+"""Foreign GPU use: claims read from pod specs, the incremental index, and the GPUs claims occupy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gputask.core import Gpu, Node, NodeName
+from gputask.k8s.foreign import ForeignPods, GpuClaim, claim_of, occupied_gpus, pod_claim
+
+NODE = Node(NodeName("node-a"), tuple(Gpu(i, f"GPU-{i}", "NVIDIA-A10", 24576) for i in range(4)))
+
+
+def container(*, gpus: Any = None, section: str = "limits", visible: str | None = None) -> dict[str, Any]:
+    """A container requesting ``gpus`` nvidia.com/gpu and/or setting NVIDIA_VISIBLE_DEVICES."""
+    body: dict[str, Any] = {"name": "c", "image": "busybox"}
+    if gpus is not None:
+        body["resources"] = {section: {"nvidia.com/gpu": gpus, "cpu": "1"}}
+    if visible is not None:
+        body["env"] = [{"name": "A", "value": "1"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": visible}]
+    return body
+
+
+def pod(uid: str, node: str | None = "node-a", phase: str = "Running", **spec: Any) -> dict[str, Any]:
+    """A pod bound to ``node`` with the given spec fields."""
+    return {
+        "metadata": {"name": uid, "namespace": "default", "uid": uid},
+        "spec": {"nodeName": node, **spec} if node else spec,
+        "status": {"phase": phase},
+    }
+
+
+def test_claims_read_from_pod_specs() -> None:
+    """GPU counts add up over containers (init containers count as their largest), devices come from the env."""
+    specs = [
+        {"containers": [container(gpus=1), container(gpus="2", section="requests")]},
+        {"initContainers": [container(gpus=4)], "containers": [container(gpus=1)]},
+        {"containers": [container(visible="GPU-1, 3")]},
+        {"containers": [container(visible="all")]},
+        {"containers": [container(visible="void"), container(visible="none"), container(visible="")]},
+        {"containers": [container()]},
+        {"containers": [container(gpus=1, visible="GPU-0")]},
+        {"containers": [{"name": "c", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"x": 1}}]}]},
+    ]
+    assert [claim_of(s) for s in specs] == [
+        GpuClaim(count=3),
+        GpuClaim(count=4),
+        GpuClaim(devices=("GPU-1", "3")),
+        GpuClaim(every=True),
+        None,
+        None,
+        GpuClaim(count=1, devices=("GPU-0",)),
+        None,
+    ]
+
+
+def test_only_bound_unfinished_foreign_pods_hold_gpus() -> None:
+    """Our own pods, unbound pods and finished pods hold nothing; a running foreign pod holds its claim."""
+    ours = pod("ours", containers=[container(visible="GPU-0")])
+    ours["metadata"]["labels"] = {"gputask.io/task": "train"}
+    pods = [
+        ours,
+        pod("unbound", node=None, containers=[container(gpus=1)]),
+        pod("done", phase="Succeeded", containers=[container(gpus=1)]),
+        pod("failed", phase="Failed", containers=[container(gpus=1)]),
+        pod("pending", phase="Pending", containers=[container(gpus=1)]),
+    ]
+    assert [pod_claim(p) for p in pods] == [None, None, None, None, ("node-a", GpuClaim(count=1))]
+
+
+def test_index_follows_pod_events_and_reports_changed_nodes() -> None:
+    """The index adds, keeps, and drops claims per pod event and names the node whose claims changed."""
+    index = ForeignPods()
+    running = pod("p1", containers=[container(gpus=1)])
+    changes = [
+        index.on_pod(running),
+        index.on_pod(running),
+        index.on_pod(pod("p2", node="node-b", containers=[container(visible="GPU-9")])),
+        index.on_pod(pod("p1", phase="Succeeded", containers=[container(gpus=1)])),
+        index.on_pod(pod("p3", containers=[container()])),
+    ]
+    assert (changes, index.by_node, index.node_of) == (
+        ["node-a", None, "node-b", "node-a", None],
+        {"node-b": {"p2": GpuClaim(devices=("GPU-9",))}},
+        {"p2": "node-b"},
+    )
+    assert index.on_pod(pod("p2", node="node-b"), deleted=True) == "node-b"
+    assert index.by_node == {}
+
+
+def test_named_devices_and_all_occupy_exactly_those_gpus() -> None:
+    """GPUs named by UUID or index are occupied; 'all' occupies every GPU; unknown names are ignored."""
+    assert occupied_gpus(NODE, [GpuClaim(devices=("GPU-2", "0", "GPU-x"))], set()) == {0, 2}
+    assert occupied_gpus(NODE, [GpuClaim(every=True)], set()) == {0, 1, 2, 3}
+
+
+def test_counted_gpus_prefer_reported_foreign_use_then_idle_then_ours() -> None:
+    """nvidia.com/gpu counts take GPUs with foreign memory first, then idle ones in index order, ours last."""
+    busy = Node(
+        NODE.name,
+        tuple(g if g.index != 3 else Gpu(3, "GPU-3", "NVIDIA-A10", 24576, foreign_mib=900) for g in NODE.gpus),
+    )
+    named_and_counted = [GpuClaim(devices=("GPU-1",)), GpuClaim(count=2)]
+    assert [
+        occupied_gpus(busy, [GpuClaim(count=1)], set()),
+        occupied_gpus(busy, [GpuClaim(count=2)], {0}),
+        occupied_gpus(busy, named_and_counted, set()),
+        occupied_gpus(busy, [GpuClaim(count=4)], {0, 1}),
+        occupied_gpus(busy, [GpuClaim(count=9)], set()),
+    ] == [{3}, {1, 3}, {0, 1, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}]
