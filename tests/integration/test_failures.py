@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from gputask.config import Config
@@ -111,7 +110,11 @@ async def test_node_failure_reschedules_on_another_node_with_a_new_job(cluster: 
 
         await eventually(lambda: _has_job(cluster, "train-2"))
 
-        status = await status_of(cluster, "train")
+        async def readmitted() -> dict[str, Any] | None:  # the status is written just after the Job
+            found = await status_of(cluster, "train")
+            return found if found.get("attempt") == 2 and found.get("phase") == "Admitted" else None
+
+        status = await eventually(readmitted)
         assert (status["attempt"], status["reschedules"], status["placement"]["node"]) == (2, 1, "node-b")
         assert condition(status, "Evicted")[:2] == ("True", "NodeFailure")  # type: ignore[index]
         assert await job_names(cluster) == ["train-2"]
@@ -147,11 +150,13 @@ async def test_two_replicas_one_leader_no_duplicate_jobs_and_failover(cluster: C
         await cluster.submit(gputask("b", gpuMemory="20Gi"))
         await eventually(lambda: _has_job(cluster, "b-1"), timeout_s=20)
         await cluster.submit(gputask("c", gpuMemory="20Gi"))
-        await asyncio.sleep(1.0)
+
+        async def c_waits() -> tuple[str, str, str] | None:
+            return condition(await status_of(cluster, "c"), "Admitted")
+
+        assert await eventually(c_waits) == ("False", "NoFit", "no node has 1 GPU(s) 20480 MiB free each")
         assert standby.leading is True
         assert await job_names(cluster) == ["a-1", "b-1"]
-        c = await status_of(cluster, "c")
-        assert condition(c, "Admitted") == ("False", "NoFit", "no node has 1 GPU(s) 20480 MiB free each")
 
 
 async def test_status_write_retries_from_fresh_state_on_conflict(cluster: Cluster) -> None:
