@@ -208,17 +208,19 @@ class Executor:
         record = self.controller.tasks.get(key)
         if record is None:
             return
-        propagation = "Foreground" if decision.reason == "Preempted" else "Background"
-        gone = await self.delete_job(record, propagation=propagation)
-        if gone:
-            self.controller.scheduler.victim_gone(key)
+        # Record the eviction before any await: the Job's DELETED event may be handled while the
+        # delete call is in flight, and must not find the task still running on that Job.
+        record.phase, record.placement = PENDING, None
         self.metrics.evictions.labels(decision.reason).inc()
         if decision.reason == "Preempted":
             self.metrics.preemptions.labels(decision.task.queue).inc()
         if decision.reason in ("NodeFailure", "GPUFailure"):
             record.reschedules += 1
             self.metrics.reschedules.inc()
-        record.phase, record.placement = PENDING, None
+        propagation = "Foreground" if decision.reason == "Preempted" else "Background"
+        gone = await self.delete_job(record, propagation=propagation)
+        if gone:
+            self.controller.scheduler.victim_gone(key)
         set_condition(record, "Evicted", True, decision.reason, decision.message)
         set_condition(record, "Requeued", True, decision.reason, f"requeued after {decision.reason}")
         set_condition(record, "Admitted", False, decision.reason, decision.message)
