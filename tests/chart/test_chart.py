@@ -581,10 +581,11 @@ def test_chart_crds_are_byte_identical_copies_of_the_source_crds() -> None:
 
 
 def example_documents() -> list[tuple[str, dict[str, Any]]]:
-    """(file name, object) of every document in examples/*.yaml."""
+    """(file name, object) of every document in examples/*.yaml and examples/teams/*.yaml."""
+    paths = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "teams").glob("*.yaml"))
     return [
-        (path.name, doc)
-        for path in sorted((ROOT / "examples").glob("*.yaml"))
+        (str(path.relative_to(ROOT / "examples")), doc)
+        for path in paths
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     ]
