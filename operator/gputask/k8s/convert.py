@@ -291,7 +291,12 @@ def node_from_gpunode(
     gpus: list[Gpu] = []
     errors: list[str] = []
     seen: set[int] = set()
-    for i, raw in enumerate((status or {}).get("gpus") or []):
+    if status is not None and not isinstance(status, Mapping):
+        return Node(NodeName(name), (), schedulable=schedulable), [f"status must be an object, got {status!r}"]
+    entries = (status or {}).get("gpus") or []
+    if not isinstance(entries, list):
+        return Node(NodeName(name), (), schedulable=schedulable), [f"status.gpus must be a list, got {entries!r}"]
+    for i, raw in enumerate(entries):
         try:
             gpu = _gpu(raw)
         except KeyError as exc:  # str(KeyError) alone would read "status.gpus[2]: 'uuid'"
@@ -335,7 +340,8 @@ def reported_used_mib(status: Mapping[str, Any] | None) -> dict[int, int]:
     :func:`node_from_gpunode` already).
     """
     out: dict[int, int] = {}
-    for raw in (status or {}).get("gpus") or []:
+    entries = (status or {}).get("gpus") if isinstance(status, Mapping) else None
+    for raw in entries if isinstance(entries, list) else []:
         if not isinstance(raw, Mapping) or raw.get("memoryUsed") is None:
             continue
         index = raw.get("index")
