@@ -194,3 +194,32 @@ async def test_queue_status_shows_counts_and_usage(cluster: Cluster) -> None:
         {"name": "gputask.io/gpu-memory", "total": "24576Mi", "borrowed": "0Mi"},
         {"name": "nvidia.com/gpu", "total": "1000m", "borrowed": "0m"},
     ]
+
+
+async def test_restart_between_job_create_and_status_patch_adopts_the_job(cluster: Cluster) -> None:
+    """A Job created just before a crash (status never written) is adopted: no second Job, status caught up."""
+    from gputask.core import GpuSlot, NodeName, Placement
+    from gputask.k8s.jobs import build_job
+
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    task = await cluster.submit(gputask("t", gpuMemory="10Gi"))
+    placement = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-a10-0", 10240),))
+    await cluster.client.create(JOBS, build_job(task, placement, attempt=1, queue="default"), "default")
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("u", gpuMemory="20Gi"))
+
+        async def caught_up() -> dict[str, Any] | None:
+            status = await status_of(cluster, "t")
+            return status if status.get("jobName") == "t-1" else None
+
+        status = await eventually(caught_up)
+        u_waits = await eventually(lambda: _reason(cluster, "u"))
+    assert (status["phase"], status["attempt"], status["placement"]["node"]) == ("Admitted", 1, "node-a")
+    assert u_waits == "NoFit"  # 10Gi of 24Gi are held by the adopted Job: 20Gi does not fit
+    assert await job_names(cluster) == ["t-1"]
+
+
+async def _reason(cluster: Cluster, name: str) -> str | None:
+    found = condition(await status_of(cluster, name), "Admitted")
+    return found[1] if found else None

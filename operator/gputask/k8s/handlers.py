@@ -105,6 +105,9 @@ class Operator:
         for record in list(controller.tasks.values()):
             if record.invalid is not None:
                 await self.executor.invalid(record)
+            elif record.phase in (ADMITTED, RUNNING) and _status_behind(record):
+                # a restart between creating the Job and writing the status: finish the write
+                await self.executor.patch_status(record, message=f"Admitted (Job {record.job_name} found at restart)")
 
     async def lead(self) -> None:
         """Become the scheduling instance: rebuild, then run the loop."""
@@ -248,3 +251,9 @@ class Operator:
             (("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses"), self._track("on_workload_priority_class")),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)
+
+
+def _status_behind(record: Any) -> bool:
+    """True when the stored status does not yet say what the record knows (phase, Job name)."""
+    status = record.obj.get("status") or {}
+    return status.get("jobName") != record.job_name or status.get("phase") not in (ADMITTED, RUNNING)
