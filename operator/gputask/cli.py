@@ -97,13 +97,18 @@ def demo(
 ) -> None:
     """Run the real operator against the embedded API emulator and print the pinned Jobs."""
     import asyncio
+    import logging
 
     from gputask.demo import run_demo
 
+    logging.getLogger("kopf._core.reactor.observation").setLevel(logging.ERROR)  # no Kueue CRDs here: fine
     try:
         code = asyncio.run(run_demo(keep=keep, port=port, workdir=workdir))
     except KeyboardInterrupt:
         code = 0
+    except OSError as exc:  # e.g. the port is taken by a demo still running
+        typer.echo(f"gputask demo: {exc}", err=True)
+        code = 2
     raise typer.Exit(code)
 
 
@@ -130,7 +135,11 @@ def run(
         typer.echo(f"gputask: {exc}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    operator = build_operator(settings, kubeconfig=kubeconfig)
+    try:
+        operator = build_operator(settings, kubeconfig=kubeconfig)
+    except Exception as exc:  # kubernetes.config raises several types for a missing or broken kubeconfig
+        typer.echo(f"gputask run: cannot load the Kubernetes configuration: {exc}", err=True)
+        raise typer.Exit(2) from None
     asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port))
 
 

@@ -163,11 +163,14 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
             console.print(
                 f"\nThe operator keeps running. In another shell:\n"
                 f"  export KUBECONFIG={kubeconfig.resolve()}\n"
-                f"  kubectl apply -f examples/20-gputask.yaml   # or your own GPUTask\n"
-                f"  kubectl get gt,jobs\nPress Ctrl-C to stop."
+                f"  kubectl apply --validate=false -f examples/20-gputask.yaml   # or your own GPUTask\n"
+                f"  kubectl get gt,jobs -A\n"
+                f"(the emulator serves no OpenAPI document, hence --validate=false; it does not validate\n"
+                f"against the CRD schemas either, so it accepts specs a real API server would refuse)\n"
+                f"Press Ctrl-C to stop."
             )
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.Event().wait()
+                await runner  # kopf owns SIGINT/SIGTERM: it returns when one arrives
         heartbeats.cancel()
         stop.set()
         with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):

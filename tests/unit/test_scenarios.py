@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gputask.config import Config
+from gputask.core import POLICIES
 from gputask.sim.scenario import ScenarioError, cli_run, run_scenario
 
 SHARED = Path(__file__).parents[2].parent / "shared" / "scenarios"
@@ -143,6 +144,7 @@ def test_basic_matching_whole_output() -> None:
         "admittedAt": 0,
         "finishedAt": None,
         "reason": None,
+        "message": None,
         "history": history,
     }
     assert run_scenario(BASIC) == {
@@ -161,6 +163,7 @@ def test_basic_matching_whole_output() -> None:
         },
         "violations": [],
         "makespan": None,
+        "unfinished": 2,
     }
 
 
@@ -492,7 +495,7 @@ def test_unknown_policy_lists_known_ones() -> None:
     """An unknown policy name is refused with the list of known names, fifo included."""
     with pytest.raises(ScenarioError) as caught:
         run_scenario(BASIC, policy="magic")
-    assert str(caught.value) == "unknown policy 'magic'; known: bestfit, fifo, firstfit, random"
+    assert str(caught.value) == f"unknown policy 'magic'; known: {', '.join(sorted([*POLICIES, 'fifo']))}"
 
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -222,9 +222,15 @@ class Scheduler:
         return self.failures.counts.get(key, 0)
 
     def finish(self, key: TaskKey) -> Placement | None:
-        """Forget a task (finished, deleted or evicted): release GPUs and quota."""
+        """Forget a task (finished, deleted or evicted): release GPUs and quota.
+
+        Decisions about it made outside a cycle and not yet emitted are dropped: the adapter
+        has moved on (e.g. the task was deleted right after its node was).
+        """
         self.pending.discard(key)
         self.reasons.pop(key, None)
+        if self._carry:
+            self._carry = [d for d in self._carry if d.task.key != key]
         held = self.running.pop(key, None) or self.nominated.pop(key, None)
         if held is None:
             return None

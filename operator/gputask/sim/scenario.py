@@ -142,6 +142,7 @@ class _Record:
     admitted_at: float | None = None
     finished_at: float | None = None
     reason: str | None = None
+    message: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -246,7 +247,7 @@ class _Run:
                 namespace_labels={NAMESPACE_NAME_LABEL: namespace},
             )
         except InvalidTaskError as exc:
-            record = _Record(submit, None, phase="Failed", reason=exc.reason)
+            record = _Record(submit, None, phase="Failed", reason=exc.reason, message=exc.message)
             record.log(now, "Rejected", exc.reason)
         else:
             created = submit.metadata.creation_timestamp
@@ -333,11 +334,12 @@ class _Run:
             if isinstance(decision, Admit):
                 self._admitted(now, record, decision.placement)
             elif isinstance(decision, Pending):
-                record.reason = decision.reason
+                record.reason, record.message = decision.reason, decision.message
             elif isinstance(decision, Evict):
                 self._evicted(now, record, decision, requeued=record.key not in failed)
             else:
                 record.phase, record.finished_at, record.reason = "Failed", now, decision.reason
+                record.message = decision.message
                 record.log(now, "Failed", decision.reason)
 
     def _admitted(self, now: float, record: _Record, placement: Placement) -> None:
@@ -352,7 +354,7 @@ class _Run:
         """The core evicted the task (and requeued it unless it also failed it)."""
         record.log(now, "Evicted", decision.reason, placement=decision.placement, by=decision.by)
         record.phase, record.placement, record.admitted_at = "Pending", None, None
-        record.reason = decision.reason
+        record.reason, record.message = decision.reason, decision.message
         if decision.reason in (NODE_FAILURE, GPU_FAILURE):
             record.failures += 1
         if requeued:
@@ -381,6 +383,7 @@ class _Run:
             },
             "violations": list(self.violations.values()),
             "makespan": _num(max(finished)) if finished else None,
+            "unfinished": sum(1 for r in self.records if r.live),
         }
 
 
@@ -420,6 +423,7 @@ def _task_output(record: _Record) -> dict[str, Any]:
         "admittedAt": _num(record.admitted_at),
         "finishedAt": _num(record.finished_at),
         "reason": record.reason,
+        "message": record.message,
         "history": record.history,
     }
 
@@ -437,6 +441,8 @@ def cli_run(file: Path, *, output: str, policy: str, plot: Path | None, config: 
 
     if output not in ("table", "json"):
         return _fail(f"--output {output!r}: use table or json")
+    if plot is not None and (plot.suffix.lower() != ".png" or not plot.parent.is_dir()):
+        return _fail(f"--plot {plot}: give a .png path in an existing folder")
     try:
         scenario = load_scenario(file)
         result = run_scenario(scenario, policy=policy, config=load_config(config))

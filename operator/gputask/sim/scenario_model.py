@@ -239,7 +239,7 @@ def load_scenario(source: Path | Mapping[str, Any] | Scenario) -> Scenario:
     if isinstance(source, Path):
         try:
             raw = yaml.safe_load(source.read_text())
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ScenarioError(f"{source}: {exc}") from None
     if not isinstance(raw, Mapping):
         raise ScenarioError(f"expected a mapping at the top level, got {type(raw).__name__}")
