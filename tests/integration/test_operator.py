@@ -225,3 +225,23 @@ async def test_memory_used_outside_gputask_is_not_overcommitted(cluster: Cluster
         assert job["metadata"]["annotations"]["gputask.io/placement"] == (
             '{"node":"node-a","uuids":["GPU-idle"],"indices":[1],"memoryMiB":[10240]}'
         )
+
+
+async def test_editing_an_admitted_task_says_the_change_is_ignored(cluster: Cluster) -> None:
+    """Patching the spec of a running task posts a SpecChangeIgnored Warning and leaves its Job alone."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("t", gpuMemory="2Gi"))
+        await eventually(lambda: job_of(cluster, "t-1"))
+        await cluster.client.patch(GPUTASKS, "t", {"spec": {"gpuMemory": "20Gi"}}, "default")
+
+        async def warned() -> list[tuple[str, str, str]]:
+            return [e for e in await cluster.events_for("t") if e[0] == "Warning"]
+
+        message = (
+            "spec changed while Job t-1 runs: the change applies only if the task is requeued; "
+            "delete and re-create the GPUTask to apply it now"
+        )
+        assert await eventually(warned) == [("Warning", "SpecChangeIgnored", message)]
+        assert [j["metadata"]["name"] for j in await cluster.client.list(JOBS, "default")] == ["t-1"]

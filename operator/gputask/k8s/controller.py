@@ -45,6 +45,7 @@ class TaskRecord:
     invalid: tuple[str, str] | None = None
     deleting: bool = False
     reschedules: int = 0
+    spec_ignored: bool = False
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -199,6 +200,8 @@ class Controller:
             self._adopt_status(record, obj)
         old_spec, old_labels = (record.obj.get("spec"), (record.obj["metadata"].get("labels") or {}))
         record.obj = obj
+        if record.phase in (ADMITTED, RUNNING) and old_spec != obj.get("spec"):
+            record.spec_ignored = True  # a running Job cannot change; the executor says so once
         if record.deleting or (record.phase != PENDING and record.invalid is None):
             return record
         same = old_spec == obj.get("spec") and old_labels == (meta.get("labels") or {})

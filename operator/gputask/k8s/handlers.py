@@ -161,6 +161,13 @@ class Operator:
             record = self.controller.on_task(obj)
             if record.invalid is not None and record.phase == PENDING:
                 await self.executor.invalid(record)
+            elif record.spec_ignored:
+                record.spec_ignored = False
+                message = (
+                    f"spec changed while Job {record.job_name} runs: the change applies only if the task is "
+                    "requeued; delete and re-create the GPUTask to apply it now"
+                )
+                await self.executor.event(record, "Warning", "SpecChangeIgnored", message)
         self.loop.wake()
         self.kueue.wake()
 
