@@ -17,7 +17,17 @@ from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, GPUTASKS, JOBS, AlreadyExists, ApiError, Conflict, KubeClient
+from gputask.k8s.client import (
+    EVENTS,
+    GPUCLUSTERQUEUES,
+    GPUTASKS,
+    JOBS,
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    KubeClient,
+    NotFound,
+)
 from gputask.k8s.controller import ADMITTED, FAILED, PENDING, Controller, TaskRecord
 from gputask.k8s.jobs import build_job, job_name
 from gputask.metrics import OperatorMetrics
@@ -295,6 +305,9 @@ class Executor:
                     return
                 meta = record.obj["metadata"]
                 continue
+            except NotFound:
+                log.debug("status patch of %s: the GPUTask is gone", record.key)  # deleted meanwhile
+                return
             except ApiError as exc:
                 self._api_error()
                 log.warning("status patch of %s failed: %s", record.key, exc)
