@@ -77,11 +77,24 @@ def simulate(
             "per seed ('random', as the FGD simulator)."
         ),
     ] = "name",
+    timed: Annotated[
+        bool, typer.Option(help="Time-based replay (arrivals and departures, QoS queues) against strict FIFO.")
+    ] = False,
+    speedup: Annotated[float, typer.Option(help="--timed: divide arrival times by this.")] = 2000.0,
+    load: Annotated[int, typer.Option(min=1, help="--timed: copies of every pod (raises demand).")] = 2,
 ) -> None:
     """Replay the Alibaba GPU trace (FGD protocol) through the core and compare policies.
 
     Exit code 0, 1 when a policy refused a pod that fitted somewhere, 2 on bad input.
     """
+    if timed:
+        from gputask.sim.timed import cli_timed
+
+        chosen = (policy or [DEFAULT_POLICY])[0]
+        pods_file = (pods or ["openb_pod_list_default.csv"])[0]
+        raise typer.Exit(
+            cli_timed(trace_dir, pods_file=pods_file, policy=chosen, speedup=speedup, load=load, output=output)
+        )
     from gputask.sim.trace import cli_simulate
 
     raise typer.Exit(
