@@ -154,7 +154,9 @@ async def test_two_replicas_one_leader_no_duplicate_jobs_and_failover(cluster: C
         async def c_waits() -> tuple[str, str, str] | None:
             return condition(await status_of(cluster, "c"), "Admitted")
 
-        assert await eventually(c_waits) == ("False", "NoFit", "no node has 1 GPU(s) 20480 MiB free each")
+        message = "no node has 1 GPU(s) 20480 MiB free each (position 0 in GPUClusterQueue 'default')"
+        assert await eventually(c_waits) == ("False", "NoFit", message)
+        assert (await status_of(cluster, "c"))["queuePosition"] == 0
         assert standby.leading is True
         assert await job_names(cluster) == ["a-1", "b-1"]
 

@@ -245,3 +245,29 @@ async def test_editing_an_admitted_task_says_the_change_is_ignored(cluster: Clus
         )
         assert await eventually(warned) == [("Warning", "SpecChangeIgnored", message)]
         assert [j["metadata"]["name"] for j in await cluster.client.list(JOBS, "default")] == ["t-1"]
+
+
+async def test_pending_tasks_report_their_queue_position(cluster: Cluster) -> None:
+    """Waiting tasks report positions 0, 1, 2; when the head is admitted the rest move up, without new Events."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("running"))
+        await eventually(lambda: job_of(cluster, "running-1"))
+        for name in ("w0", "w1", "w2"):
+            await cluster.submit(gputask(name))
+
+        async def positions() -> dict[str, Any] | None:
+            found = {n: ((await cluster.task(n)).get("status") or {}).get("queuePosition") for n in ("w0", "w1", "w2")}
+            return found if found == {"w0": 0, "w1": 1, "w2": 2} else None
+
+        await eventually(positions)
+        await cluster.client.delete(GPUTASKS, "running", "default")
+        await eventually(lambda: job_of(cluster, "w0-1"))
+
+        async def moved() -> dict[str, Any] | None:
+            found = {n: ((await cluster.task(n)).get("status") or {}).get("queuePosition") for n in ("w1", "w2")}
+            return found if found == {"w1": 0, "w2": 1} else None
+
+        await eventually(moved)
+        assert await cluster.events_for("w2") == [("Normal", "NoFit", "no node has 1 GPU(s) idle each")]

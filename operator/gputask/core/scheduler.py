@@ -56,11 +56,16 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """``task`` stays pending; emitted only when ``reason`` or ``message`` changes."""
+    """``task`` stays pending; emitted when ``reason`` or ``message`` changes, or when its
+    ``position`` in its queue (0 = head) changes among the first :data:`TRACKED_POSITIONS`.
+
+    ``position`` is left out of equality: it is a report, not a decision.
+    """
 
     task: Task
     reason: str
     message: str
+    position: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,10 @@ class Fail:
 
 
 Decision = Admit | Pending | Evict | Fail
+
+TRACKED_POSITIONS = 100
+"""Queue positions are reported as they change for this many heads of each queue; further back,
+only with a new reason (tens of thousands of pending tasks must not mean as many writes)."""
 
 
 @dataclass(slots=True)
@@ -133,7 +142,7 @@ class Scheduler:
         self.pending = QueueManager()
         self.running: dict[TaskKey, _Running] = {}
         self.nominated: dict[TaskKey, _Nominated] = {}
-        self.reasons: dict[TaskKey, tuple[str, str]] = {}
+        self.reasons: dict[TaskKey, tuple[str, str, int]] = {}
         for node in nodes:
             self.set_node(node)
 
@@ -285,15 +294,22 @@ class Scheduler:
         decisions += self._failure_evictions(now)
         decisions += self._admit_nominated(now)
         decisions += self._drain()
+        positions: dict[str, int] = {}
         for task in self._ordered():
             if task.key not in self.pending:
                 continue
+            position = positions.get(task.queue, 0)  # still-pending tasks ahead in its queue
             for decision in self._try(task, memo, now):
                 if not isinstance(decision, Pending):
                     decisions.append(decision)
-                elif self.reasons.get(task.key) != (decision.reason, decision.message):
-                    self.reasons[task.key] = (decision.reason, decision.message)
-                    decisions.append(decision)
+                    continue
+                last = self.reasons.get(task.key)
+                moved = last is not None and last[2] != position and position < TRACKED_POSITIONS
+                if last is None or last[:2] != (decision.reason, decision.message) or moved:
+                    self.reasons[task.key] = (decision.reason, decision.message, position)
+                    decisions.append(replace(decision, position=position))
+            if task.key in self.pending:
+                positions[task.queue] = position + 1
         return decisions
 
     def _failure_evictions(self, now: float) -> list[Decision]:

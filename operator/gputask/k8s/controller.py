@@ -46,6 +46,8 @@ class TaskRecord:
     deleting: bool = False
     reschedules: int = 0
     spec_ignored: bool = False
+    queue_position: int | None = None
+    last_wait: tuple[str, str] | None = None
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

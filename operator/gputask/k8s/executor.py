@@ -200,10 +200,16 @@ class Executor:
         record = self.controller.tasks.get(decision.task.key)
         if record is None or record.phase != PENDING:
             return
-        set_condition(record, "QuotaReserved", False, decision.reason, decision.message)
-        set_condition(record, "Admitted", False, decision.reason, decision.message)
-        await self.patch_status(record, message=decision.message)
-        await self.event(record, "Normal", decision.reason, decision.message)
+        where = ""
+        if decision.position >= 0:
+            where = f" (position {decision.position} in GPUClusterQueue {decision.task.queue!r})"
+        record.queue_position = decision.position if decision.position >= 0 else None
+        set_condition(record, "QuotaReserved", False, decision.reason, decision.message + where)
+        set_condition(record, "Admitted", False, decision.reason, decision.message + where)
+        await self.patch_status(record, message=decision.message + where)
+        if record.last_wait != (decision.reason, decision.message):  # a new reason, not just a new position
+            record.last_wait = (decision.reason, decision.message)
+            await self.event(record, "Normal", decision.reason, decision.message)
 
     async def evict(self, decision: Evict) -> None:
         """Delete an evicted task's Job and record the eviction; the task is already requeued.
@@ -292,6 +298,7 @@ class Executor:
             "reschedules": record.reschedules,
             "jobName": record.job_name,
             "priority": record.task.priority if record.task is not None else 0,
+            "queuePosition": record.queue_position if record.phase == PENDING else None,
             "message": message,
         }
         name, namespace = meta["name"], meta.get("namespace")
