@@ -271,3 +271,25 @@ async def test_pending_tasks_report_their_queue_position(cluster: Cluster) -> No
 
         await eventually(moved)
         assert await cluster.events_for("w2") == [("Normal", "NoFit", "no node has 1 GPU(s) idle each")]
+
+
+async def test_a_task_recreated_under_the_same_name_is_a_new_task(cluster: Cluster) -> None:
+    """Delete and re-create a task at once: the new one gets its own Job (its uid), never the old one's."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        old = await cluster.submit(gputask("t", gpuMemory="4Gi"))
+        await eventually(lambda: job_of(cluster, "t-1"))
+        await cluster.client.delete(GPUTASKS, "t", "default")
+        new = await cluster.submit(gputask("t", gpuMemory="8Gi"))
+
+        async def new_job() -> dict[str, Any] | None:
+            job = await job_of(cluster, "t-1")
+            uid = job and job["metadata"]["annotations"]["gputask.io/task-uid"]
+            return job if uid == new["metadata"]["uid"] else None
+
+        job = await eventually(new_job)
+    assert old["metadata"]["uid"] != new["metadata"]["uid"]
+    assert job["metadata"]["annotations"]["gputask.io/placement"] == (
+        '{"node":"node-a","uuids":["GPU-a10-0"],"indices":[0],"memoryMiB":[8192]}'
+    )

@@ -29,7 +29,7 @@ from gputask.k8s.client import (
     NotFound,
 )
 from gputask.k8s.controller import ADMITTED, FAILED, PENDING, Controller, TaskRecord
-from gputask.k8s.jobs import build_job, job_name
+from gputask.k8s.jobs import TASK_UID_ANNOTATION, build_job, job_name
 from gputask.metrics import OperatorMetrics
 
 log = logging.getLogger("gputask.executor")
@@ -178,6 +178,13 @@ class Executor:
         try:
             await self.client.create(JOBS, job, namespace)
         except AlreadyExists:
+            if not await self._ours(job, record.uid):
+                # a Job of a deleted task of the same name, not yet garbage-collected: try again later
+                log.info(
+                    "Job %s/%s belongs to an earlier task of that name; requeued", namespace, job["metadata"]["name"]
+                )
+                self.controller.scheduler.unadmit(key)
+                return
             log.info("Job %s/%s exists already: taking it as created", namespace, job["metadata"]["name"])
         except ApiError as exc:
             self._api_error()
@@ -194,6 +201,15 @@ class Executor:
         set_condition(record, "Admitted", True, "Admitted", message)
         await self.patch_status(record, message=message)
         await self.event(record, "Normal", "Admitted", message)
+
+    async def _ours(self, job: Mapping[str, Any], uid: str) -> bool:
+        """Whether the existing Job of that name was made for the task with ``uid`` (409 = done)."""
+        meta = job["metadata"]
+        try:
+            found = await self.client.get(JOBS, meta["name"], meta["namespace"])
+        except ApiError:
+            return False
+        return bool((found["metadata"].get("annotations") or {}).get(TASK_UID_ANNOTATION) == uid)
 
     async def pending(self, decision: Pending) -> None:
         """Record why a task waits and post an Event for the new reason."""
