@@ -23,7 +23,6 @@ loop: woken by events, and at least every ``cycleInterval``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -34,6 +33,7 @@ import yaml
 
 from gputask.core import InvalidQueueError, LabelRequirement, LabelSelector
 from gputask.k8s import convert
+from gputask.k8s.background import Background
 from gputask.k8s.client import CONFIGMAPS, LOCALQUEUES, ApiError, KubeClient
 from gputask.k8s.controller import FINISHED_PHASES, Controller, TaskRecord
 from gputask.k8s.executor import Executor, set_condition
@@ -145,8 +145,7 @@ class KueueSupport:
         self.admission = KueueAdmission(client, executor)
         self.suspended: dict[str, str] = {}  # task uid -> message, for Jobs Kueue suspended
         self._read_at = float("-inf")
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background("kueue", self.sync, lambda: self.controller.config.cycle_interval_s)
         self._lock = asyncio.Lock()
 
     @property
@@ -169,33 +168,15 @@ class KueueSupport:
 
     def start(self) -> None:
         """Start the loop (idempotent)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="gputask-kueue")
-        self.wake()
+        self._background.start()
 
     async def stop(self) -> None:
         """Stop the loop and wait for it."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
 
     def wake(self) -> None:
         """Ask for a sync soon."""
-        self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.controller.config.cycle_interval_s)
-            self._wake.clear()
-            try:
-                await self.sync()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug must not stop the operator: log and go on
-                log.exception("Kueue sync failed")
+        self._background.wake()
 
     async def sync(self) -> None:
         """One pass: Kueue mode answers admission checks; gputask mode reports conflicts."""

@@ -8,11 +8,11 @@ restarted operator never admits before it knows what is already running.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 from gputask.core import Pending
+from gputask.k8s.background import Background
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
 
@@ -26,26 +26,20 @@ class SchedulingLoop:
         self.controller = controller
         self.executor = executor
         self.cycles = 0
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._running = asyncio.Lock()
+        self._background = Background("scheduling-loop", self.run_once, lambda: self.controller.config.cycle_interval_s)
 
     def wake(self) -> None:
         """Ask for a cycle soon (cheap; many wakes coalesce into one cycle)."""
-        self._wake.set()
+        self._background.wake()
 
     def start(self) -> None:
         """Start the loop task (idempotent)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="gputask-scheduling-loop")
+        self._background.start()
 
     async def stop(self) -> None:
         """Stop the loop task and wait for it."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
 
     async def run_once(self) -> int:
         """Run one cycle and apply its decisions; returns how many decisions it made."""
@@ -63,16 +57,3 @@ class SchedulingLoop:
             await self.executor.report_queues()
             self.executor.metrics.refresh(self.controller.scheduler)
             return len(decisions)
-
-    async def _run(self) -> None:
-        interval = self.controller.config.cycle_interval_s
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
-            self._wake.clear()
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug must not stop scheduling for everyone: log and go on
-                log.exception("scheduling cycle failed")
