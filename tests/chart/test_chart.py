@@ -475,8 +475,8 @@ def test_rbac_check_fails_when_a_template_drops_a_verb(helm: str, chart_copy: Pa
     """A chart copy whose operator ClusterRole lost `delete` on Jobs fails the RBAC check, naming the verb."""
     template = chart_copy / "templates" / "rbac" / "operator-clusterrole.yaml"
     text = template.read_text()
-    assert "verbs: [list, watch, create, delete]" in text
-    template.write_text(text.replace("verbs: [list, watch, create, delete]", "verbs: [list, watch, create]"))
+    assert "verbs: [get, list, watch, create, delete]" in text
+    template.write_text(text.replace("verbs: [get, list, watch, create, delete]", "verbs: [get, list, watch, create]"))
     assert rbac_problems(helmtool.render(helm, chart=chart_copy)) == [
         "ClusterRole gputask-operator is missing batch/jobs delete"
     ]
