@@ -118,6 +118,7 @@ class Controller:
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.by_uid: dict[str, TaskRecord] = {}
         self.jobs: dict[str, JobRecord] = {}  # by "namespace/name"
+        self.jobs_of_task: dict[str, dict[str, JobRecord]] = {}  # task uid -> Job key -> Job
         self.held: dict[str, TaskKey] = {}  # terminating Job key -> holding key in the scheduler
 
     # -- lookups ------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class Controller:
 
     def job_of(self, record: TaskRecord) -> JobRecord | None:
         """The newest live (not terminating) Job of ``record``, if one exists."""
-        jobs = [j for j in self.jobs.values() if j.task_uid == record.uid and not j.terminating]
+        jobs = [j for j in self.jobs_of_task.get(record.uid, {}).values() if not j.terminating]
         return max(jobs, key=lambda j: j.attempt, default=None)
 
     # -- jobs -----------------------------------------------------------------------------
@@ -135,8 +136,12 @@ class Controller:
         """Record one of our Jobs (None for a Job without our task-uid annotation)."""
         job = job_record(obj)
         if job is not None:
-            self.jobs[job.key] = job
+            self._remember(job)
         return job
+
+    def _remember(self, job: JobRecord) -> None:
+        self.jobs[job.key] = job
+        self.jobs_of_task.setdefault(job.task_uid, {})[job.key] = job
 
     def _hold(self, job: JobRecord) -> None:
         """Keep a terminating Job's GPUs reserved until it is gone (after a deletion or a restart).
@@ -157,6 +162,10 @@ class Controller:
         job = self.jobs.pop(f"{meta.get('namespace') or 'default'}/{meta['name']}", None) or job_record(obj)
         if job is None:
             return None
+        siblings = self.jobs_of_task.get(job.task_uid, {})
+        siblings.pop(job.key, None)
+        if not siblings:
+            self.jobs_of_task.pop(job.task_uid, None)
         held = self.held.pop(job.key, None)
         if held is not None:
             self.scheduler.finish(held)
@@ -306,7 +315,8 @@ class Controller:
         for obj in objects.get("queues", ()):
             inv.on_queue(obj)
         jobs = [j for j in map(job_record, objects.get("jobs", ())) if j is not None]
-        self.jobs.update((j.key, j) for j in jobs)
+        for job in jobs:
+            self._remember(job)
         tasks = sorted(objects.get("tasks", ()), key=lambda o: o["metadata"].get("creationTimestamp") or "")
         for obj in tasks:
             if not obj["metadata"].get("deletionTimestamp"):
