@@ -184,13 +184,17 @@ def test_find_placement_never_changes_the_cluster() -> None:
 
 
 def test_quota_check_skips_refused_nodes_and_names_the_resource_when_all_refuse() -> None:
-    """A node refused by quota is skipped; when every fitting node is refused the outcome names the quota."""
+    """A node refused by quota is skipped; when every fitting node is refused the outcome names the quota.
+
+    Quota sees only what the placement uses (here: refuses a 4Gi slice of a 16Gi GPU, which costs
+    more milli-GPU than on a 24Gi one), never the node's name: that is QuotaCheck's contract.
+    """
     cluster = ClusterState([node("a", 16), node("b", 24)])
     small_gpus_only = find_placement(
         cluster,
         task("t", memory_gib=4),
         BestFit(),
-        quota=lambda s, p: None if s.name == "b" else "nvidia.com/gpu",
+        quota=lambda s, p: None if s.node.gpus[0].memory_mib == 24 * GIB else "nvidia.com/gpu",
     )
     none = find_placement(cluster, task("t", memory_gib=4), BestFit(), quota=lambda s, p: "nvidia.com/gpu")
     assert (small_gpus_only, none) == (

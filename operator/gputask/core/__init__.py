@@ -4,6 +4,7 @@ It imports nothing from kopf, Kubernetes clients, prometheus_client, pynvml or a
 (a test enforces it). The operator, the scenario runner and the trace replay all drive it.
 """
 
+from gputask.core import policies as policies  # registers fgd, packing and bestfit-atc23 in POLICIES
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.errors import (
     GpuTaskError,

@@ -109,6 +109,9 @@ class NodeIndex:
 
     ``memos`` is placement's scratch space: evaluations remembered by group id, per policy
     object; it lives and dies with the index, so a group id always means one node state.
+    ``log`` lists the rows refreshed since the index was built (the entry at position
+    ``log_start + k`` is ``log[k]``; old entries are dropped past a bound), so placement can
+    update what it derived from the index by looking only at the rows that changed.
 
     :class:`ClusterState` refreshes a row on every change of its node and drops the index when
     nodes are added or removed.
@@ -125,15 +128,30 @@ class NodeIndex:
         self.max_free_milli = [0] * n
         self.group = [0] * n
         self.products: Counter[str] = Counter(g.product for s in self.states for g in s.node.gpus)
-        self.memos: dict[int, tuple[object, dict[Any, Any]]] = {}
+        self.memos: dict[int, tuple[object, int, dict[Any, Any]]] = {}
         self._ids: dict[tuple[object, ...], int] = {}
         self._next_id = 0
         for i, state in enumerate(self.states):
             self._fill(i, state)
+        self.log: list[int] = []
+        self.log_start = 0
+
+    @property
+    def log_end(self) -> int:
+        """Position just past the newest entry of :attr:`log`."""
+        return self.log_start + len(self.log)
 
     def refresh(self, state: NodeState) -> None:
         """Recompute the row of ``state`` (after a reservation changed it)."""
         self._fill(self.row[state.name], state)
+        self._logged(self.row[state.name])
+
+    def _logged(self, row: int) -> None:
+        self.log.append(row)
+        if len(self.log) > 4 * len(self.states) + 1024:  # bound memory; laggards rebuild in full
+            drop = len(self.log) // 2
+            del self.log[:drop]
+            self.log_start += drop
 
     def replace(self, state: NodeState) -> None:
         """Put a new state object in place of the node's old one (``set_node`` of a known node)."""
@@ -142,6 +160,7 @@ class NodeIndex:
         self.products.update(g.product for g in state.node.gpus)
         self.states[i] = state
         self._fill(i, state)
+        self._logged(i)
 
     def has_product(self, products: Iterable[str]) -> bool:
         """True when some node has a GPU of one of ``products``."""

@@ -6,15 +6,16 @@ result (lower is better), and :func:`find_placement` returns the best node, ties
 the smallest node name (then the lowest GPU index inside the node). Policies are plain
 objects so the trace benchmark can compete them (issue "Beat FGD").
 
-Speed (the trace replay places ~10,000 tasks on 1,213 nodes per run): :func:`find_placement`
-first keeps only the nodes whose aggregates in the cluster's :class:`NodeIndex` allow a fit
-(a necessary condition, O(1) per node). For a policy whose choice depends only on a node's
-state (``scores_by_state``) it then remembers each evaluation by (group of identical node
-states, task shape), so a node whose state has not changed since it was last evaluated for
-that shape costs a dictionary lookup; and when no quota check is given it visits one node
-per group, the one with the smallest name, which is the only one of its group that can win.
-None of this changes the result. (With a quota check every node is still checked: the check
-may depend on the node's name.)
+Speed (the trace replay places ~10,000 tasks on 1,213 nodes per run; the operator may hold
+50,000 pending tasks on 5,000 nodes). For a policy whose choice depends only on a node's state
+(``scores_by_state``) and the task's shape, :func:`find_placement` keeps a
+:class:`~gputask.core.search.Board` per task shape: every node's evaluation in a heap, best
+first, updated only for the nodes that changed since the shape's last search (the index logs
+them), with evaluations shared by identical nodes (the index's groups). A search is then a heap
+lookup, not a scan. Other policies (random) first keep the nodes whose aggregates in the
+:class:`NodeIndex` allow a fit (a necessary condition, checked in C over the columns), then
+visit them. None of this changes the result; property tests compare it with a plain scan.
+A quota check is asked once per distinct set of picked GPU sizes (:data:`QuotaCheck`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ from typing import Protocol
 
 from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
 from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, Task
+from gputask.core.search import Evaluation, board_for, refuser
 
 QuotaCheck = Callable[[NodeState, Placement], "str | None"]
-"""Returns None when a candidate placement fits quota, else the name of the resource that binds."""
+"""Returns None when a candidate placement fits quota, else the name of the resource that binds.
+
+Contract: the answer depends only on the task and the sizes (MiB) of the GPUs the placement
+picks (so on the MiB it puts on each), as quota usage does (``usage_of``); never on the node's
+name, GPU indices or uuids, or on other nodes. :func:`find_placement` therefore asks it once per
+distinct set of picked GPU sizes in a search and reuses the answer for alike candidates.
+"""
 
 
 def feasible_gpus(state: NodeState, task: Task) -> list[int]:
@@ -96,6 +104,11 @@ class Policy(Protocol):
       node states and task shape;
     - ``node_order(count) -> Iterable[int]``: the order in which to visit the ``count``
       candidate nodes (positions in name order); default: name order.
+    - ``prepare(cluster, task)``: called once per search, before any ``choose``/``score``: the
+      policy may update what its scores depend on besides the node (a target workload learnt
+      from the tasks it sees, the cluster's GPU capacity by product);
+    - ``generation: int``: changes whenever the meaning of ``score`` changed (after
+      ``prepare``); remembered evaluations of a ``scores_by_state`` policy are then dropped.
     """
 
     name: str
@@ -258,11 +271,6 @@ class _Search:
     quota_resource: str | None = None
 
 
-Evaluation = tuple[tuple[int, ...], float] | None
-"""A remembered evaluation of one node state for one task shape: (picked GPUs, score), or no fit."""
-
-_MEMO_LIMIT = 8
-"""A shape's memo is cleared past this many entries per node (stale groups pile up)."""
 
 
 def find_placement(
@@ -280,13 +288,17 @@ def find_placement(
     """
     req = task.request
     search = _Search()
+    prepare = getattr(policy, "prepare", None)
+    if prepare is not None:
+        prepare(cluster, task)
     order = getattr(policy, "node_order", None)
     if nodes is None:
         index = cluster.index()
-        rows = candidate_rows(index, task)
+        by_board = order is None and getattr(policy, "scores_by_state", False)
+        rows = [] if by_board else candidate_rows(index, task)
         visits = range(len(rows)) if order is None else order(len(rows))
-        if getattr(policy, "scores_by_state", False):
-            _search_by_state(search, index, rows, _memo(index, policy, task), visits, task, policy, quota)
+        if by_board:
+            _search_board(search, index, task, policy, quota)
         else:
             _search(search, index.states, rows, visits, task, policy, quota)
         product_seen = not req.products or index.has_product(req.products)
@@ -298,18 +310,6 @@ def find_placement(
         state, picked = search.best[2], search.best[3]
         return Outcome(Placement(state.name, slots_for(state, task, picked)), True)
     return Outcome(None, search.fits_somewhere, search.quota_resource, product_seen)
-
-
-def _memo(index: NodeIndex, policy: Policy, task: Task) -> dict[int, Evaluation]:
-    """The remembered evaluations of ``policy`` for ``task``'s shape, by group id."""
-    entry = index.memos.get(id(policy))
-    if entry is None or entry[0] is not policy:  # holding the policy keeps its id unique
-        entry = index.memos[id(policy)] = (policy, {})
-    shapes: dict[object, dict[int, Evaluation]] = entry[1]
-    memo = shapes.setdefault((task.request, task.cpu_milli, task.memory_mib), {})
-    if len(memo) > _MEMO_LIMIT * len(index.states) + 1024:
-        memo.clear()
-    return memo
 
 
 def _choose(state: NodeState, task: Task, policy: Policy) -> tuple[int, ...] | None:
@@ -363,35 +363,26 @@ def _search(
             return
 
 
-def _search_by_state(
-    search: _Search,
-    index: NodeIndex,
-    rows: Sequence[int],
-    memo: dict[int, Evaluation],
-    visits: Iterable[int],
-    task: Task,
-    policy: Policy,
-    quota: QuotaCheck | None,
-) -> None:
-    """Evaluate each group once (remembered); without quota, visit one node per group."""
-    seen: set[int] = set()
-    states, group_of = index.states, index.group
-    for k in visits:
-        row = rows[k]
-        group = group_of[row]
-        if quota is None:
-            if group in seen:
-                continue
-            seen.add(group)
-        state = states[row]
-        found = memo.get(group, _UNSEEN)
+def _search_board(search: _Search, index: NodeIndex, task: Task, policy: Policy, quota: QuotaCheck | None) -> None:
+    """Best-first search on the shape's board (see :mod:`gputask.core.search`)."""
+    board, memo = board_for(index, policy, task)
+    states, groups = index.states, index.group
+
+    def evaluate(row: int) -> Evaluation:
+        found = memo.get(groups[row], _UNSEEN)
         if found is _UNSEEN:
+            state = states[row]
             picked = _choose(state, task, policy)
-            found = memo[group] = None if picked is None else (picked, policy.score(state, task, picked))
-        if found is None or (quota is None and search.best is not None and found[1] > search.best[0]):
-            continue  # no fit, or a worse score than the best so far (which already set fits_somewhere)
-        if _consider(search, state, task, policy, found[0], found[1], quota):
-            return
+            found = memo[groups[row]] = None if picked is None else (picked, policy.score(state, task, picked))
+        return found
+
+    board.sync(index, evaluate)
+    entry, search.fits_somewhere, search.quota_resource = board.best(
+        None if quota is None else refuser(index, task, quota)
+    )
+    if entry is not None:
+        state = states[entry[1]]
+        search.best = (entry[0], state.name, state, entry[2])
 
 
 _UNSEEN: Evaluation = ((-1,), float("nan"))

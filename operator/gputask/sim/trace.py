@@ -46,7 +46,8 @@ from pathlib import Path
 
 from gputask.core.cluster import ClusterState
 from gputask.core.model import MILLI_PER_GPU, Gpu, GpuRequest, Node, NodeName, Task, TaskKey
-from gputask.core.placement import feasible_gpus, find_placement, make_policy, node_fits
+from gputask.core.placement import candidate_rows, feasible_gpus, find_placement, make_policy, node_fits
+from gputask.core.policies.workload import TaskShape
 
 NODE_LIST = "openb_node_list_gpu_node.csv"
 DEFAULT_PODS = "openb_pod_list_default.csv"
@@ -203,6 +204,11 @@ def request_of(pod: TracePod) -> GpuRequest:
     return GpuRequest(pod.num_gpu, products=pod.gpu_spec)
 
 
+def target_shape(pod: TracePod) -> TaskShape:
+    """A pod's shape for a target workload: GPU request, CPU and memory (a policy may drop memory)."""
+    return TaskShape(request_of(pod), pod.cpu_milli, pod.memory_mib)
+
+
 def workload(
     pods: Sequence[TracePod], seed: int, capacity_milli: int, *, tune_pct: int = TUNE_PCT
 ) -> list[tuple[str, TracePod]]:
@@ -279,7 +285,9 @@ class FeasibilityMemo:
         shape = (task.request, task.cpu_milli, task.memory_mib)
         if shape in self.nowhere:
             return False
-        for state in self.cluster.sorted_nodes():
+        index = self.cluster.index()
+        for row in candidate_rows(index, task):
+            state = index.states[row]
             if node_fits(state, task) and len(feasible_gpus(state, task)) >= task.request.count:
                 return True
         self.nowhere.add(shape)
@@ -293,10 +301,18 @@ def replay(
     *,
     seed: int,
     tie_break: str = "name",
+    target_pods: Sequence[TracePod] = (),
 ) -> RunResult:
-    """Schedule ``arrivals`` one by one on a fresh cluster of ``nodes`` with one policy."""
+    """Schedule ``arrivals`` one by one on a fresh cluster of ``nodes`` with one policy.
+
+    A policy that packs for a target workload (``set_workload``) gets the shapes of
+    ``target_pods`` (the pod list before tuning, as the FGD authors' simulator does).
+    """
     cluster = ClusterState(nodes)
     policy = make_policy(policy_name, seed=seed)
+    set_workload = getattr(policy, "set_workload", None)
+    if set_workload is not None:
+        set_workload([target_shape(pod) for pod in target_pods])
     capacity = GPU_MIB * sum(len(n.gpus) for n in nodes)
     curve = Curve(capacity)
     memo = FeasibilityMemo(cluster)
@@ -334,7 +350,7 @@ def run(spec: RunSpec) -> RunResult:
     nodes = build_nodes(trace_nodes, tie_break=spec.tie_break, seed=spec.seed)
     capacity = GPU_MIB * sum(len(n.gpus) for n in nodes)
     arrivals = workload(pods, spec.seed, capacity)
-    return replay(nodes, arrivals, spec.policy, seed=spec.seed, tie_break=spec.tie_break)
+    return replay(nodes, arrivals, spec.policy, seed=spec.seed, tie_break=spec.tie_break, target_pods=pods)
 
 
 def cli_simulate(

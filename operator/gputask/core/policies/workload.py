@@ -1,0 +1,107 @@
+"""Target workloads: the task shapes a fragmentation-aware policy packs for, with their popularity.
+
+FGD (Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation
+Gradient Descent", USENIX ATC '23, section 3) measures fragmentation *against a target workload*:
+the distribution of task shapes, weighted by how often each shape occurs. The authors' simulator
+(hkust-adsl/kubernetes-scheduler-simulator, ``GetTypicalPods``; config ``podPopularityThreshold:
+95``, ``podIncreaseStep: 1``, CPU-only pods included) keeps the most popular shapes, most popular
+first, until they cover 95% of the tasks, and renormalises their shares to sum to 1. A shape is
+the task's GPU request (count, per-GPU share or memory, allowed products) and its CPU request;
+the simulator leaves host memory out of the shape, and so does :meth:`TargetWorkload.from_shapes`
+unless asked.
+
+Two sources: a fixed workload (the trace replay computes it from the pod list, as the authors
+do), or :class:`RecentWorkload`, a window over the tasks the scheduler has recently seen (the
+operator's case), rebuilt every so many new tasks so that cached scores stay valid meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gputask.core.model import GpuRequest, Task, TaskKey
+
+POPULARITY = 0.95
+"""Share of tasks the kept shapes cover (the authors' ``podPopularityThreshold`` of 95%)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskShape:
+    """What placement reads of a task: GPU request, CPU (millicores) and host memory (MiB)."""
+
+    request: GpuRequest
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @classmethod
+    def of(cls, task: Task, *, with_memory: bool = False) -> TaskShape:
+        """The shape of ``task``; host memory only when ``with_memory`` (the authors leave it out)."""
+        return cls(task.request, task.cpu_milli, task.memory_mib if with_memory else 0)
+
+    def order_key(self) -> tuple[int, int, int, str]:
+        """The authors' order among equally popular shapes: CPU, per-GPU share, count, products."""
+        req = self.request
+        share = req.fraction_milli if req.fraction_milli is not None else (req.memory_mib or 1000)
+        return (self.cpu_milli, share if req.count else 0, req.count, "|".join(sorted(req.products)))
+
+
+@dataclass(frozen=True, slots=True)
+class TargetWorkload:
+    """Task shapes and their probabilities (summing to 1; empty = no target)."""
+
+    shapes: tuple[tuple[TaskShape, float], ...] = ()
+
+    @classmethod
+    def from_shapes(cls, shapes: Iterable[TaskShape], *, popularity: float = POPULARITY) -> TargetWorkload:
+        """The most popular shapes covering ``popularity`` of ``shapes``, renormalised.
+
+        Most popular first; equally popular shapes in the authors' order (larger CPU first,
+        then larger share, more GPUs, products), so the cut falls where theirs does.
+        """
+        counts = Counter(shapes)
+        total = sum(counts.values())
+        if not total:
+            return cls()
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].order_key()), reverse=True)
+        kept: list[tuple[TaskShape, int]] = []
+        covered = 0
+        for shape, count in ranked:
+            if covered >= popularity * total:
+                break
+            kept.append((shape, count))
+            covered += count
+        return cls(tuple((shape, count / covered) for shape, count in kept))
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+class RecentWorkload:
+    """The target workload of the last ``window`` distinct tasks seen, rebuilt every ``refresh`` new ones.
+
+    ``generation`` changes exactly when :attr:`target` does, so a policy's cached scores know when
+    to start over. Before any task is seen the target is empty; the first task seen builds it at
+    once, so the first placements are already scored against something real.
+    """
+
+    def __init__(self, *, window: int = 1000, refresh: int = 500, popularity: float = POPULARITY) -> None:
+        self.window, self.refresh, self.popularity = window, refresh, popularity
+        self._seen: OrderedDict[TaskKey, TaskShape] = OrderedDict()
+        self._new = 0
+        self.target = TargetWorkload()
+        self.generation = 0
+
+    def observe(self, task: Task) -> None:
+        """Count ``task`` once (by key); rebuild the target when enough new tasks arrived."""
+        if task.key in self._seen:
+            return
+        self._seen[task.key] = TaskShape.of(task)
+        if len(self._seen) > self.window:
+            self._seen.popitem(last=False)
+        self._new += 1
+        if self._new >= self.refresh or not self.target.shapes:
+            self.target = TargetWorkload.from_shapes(self._seen.values(), popularity=self.popularity)
+            self.generation += 1
+            self._new = 0
