@@ -102,8 +102,8 @@ def test_max_reschedules_exceeded_fails_the_task() -> None:
     s.cycle(0.0)
     s.remove_node(NodeName("a"))
     assert s.cycle(1.0) == [
-        Evict(t, placed("a", (0, 8 * GIB)), "NodeFailure", "node a was deleted"),
-        Fail(t, "MaxReschedulesExceeded", "node a was deleted; rescheduled 0 times already"),
+        Evict(t, placed("a", (0, 8 * GIB)), "NodeFailure", "node a is not in the cluster any more"),
+        Fail(t, "MaxReschedulesExceeded", "node a is not in the cluster any more; rescheduled 0 times already"),
     ]
     assert (s.placement_of(t.key), t.key in s.pending) == (None, False)
 

@@ -50,10 +50,14 @@ class FailureTracker:
         """Nodes down for longer than the grace period at ``now``, in name order."""
         return sorted(n for n, since in self.down_since.items() if now - since > self.grace_s)
 
-    def notify(self, keys: list[TaskKey], reason: str, message: str) -> None:
-        """Queue failure evictions (the first notice of a task wins until it is handled)."""
+    def notify(self, keys: list[TaskKey], reason: str, message: str, *, override: bool = False) -> None:
+        """Queue failure evictions; the first notice of a task wins until it is handled, unless
+        ``override`` (a node gone outright explains more than one of its GPUs failing)."""
         for key in keys:
-            self.notices.setdefault(key, FailureNotice(key, reason, message))
+            if override:
+                self.notices[key] = FailureNotice(key, reason, message)
+            else:
+                self.notices.setdefault(key, FailureNotice(key, reason, message))
 
     def take(self) -> list[FailureNotice]:
         """All queued notices, in key order, and clear them."""

@@ -172,7 +172,7 @@ class Scheduler:
     def remove_node(self, name: NodeName) -> list[TaskKey]:
         """A node is deleted: its tasks are queued for eviction (NodeFailure) and it is forgotten."""
         lost = sorted(self.cluster.node(name).tasks) if self.cluster.has_node(name) else []
-        self.failures.notify(lost, NODE_FAILURE, f"node {name} was deleted")
+        self.failures.notify(lost, NODE_FAILURE, f"node {name} is not in the cluster any more", override=True)
         self._carry.extend(self._evict_failed(self.failures.take()))  # release before the node goes
         self.cluster.remove_node(name)
         self.failures.node_up(name)
@@ -210,7 +210,7 @@ class Scheduler:
             return
         if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
             self.running[task.key] = _Running(task, placement, {}, admitted_at)
-            self.failures.notify([task.key], NODE_FAILURE, f"node {placement.node} is not known any more")
+            self.failures.notify([task.key], NODE_FAILURE, f"node {placement.node} is not in the cluster any more")
             self._carry.extend(self._evict_failed(self.failures.take()))
             return
         self.pending.discard(task.key)
@@ -238,8 +238,8 @@ class Scheduler:
         """
         self.pending.discard(key)
         self.reasons.pop(key, None)
-        if self._carry:
-            self._carry = [d for d in self._carry if d.task.key != key]
+        if self._carry:  # in place: callers may hold the list (``self._carry.extend(...)``)
+            self._carry[:] = [d for d in self._carry if d.task.key != key]
         held = self.running.pop(key, None) or self.nominated.pop(key, None)
         if held is None:
             return None
