@@ -13,7 +13,7 @@ HELM ?= $(abspath $(TOOLS))/bin/helm
 export HELM
 
 .DEFAULT_GOAL := help
-.PHONY: help install helm test demo demo-keep bench lint e2e clean
+.PHONY: help install helm test demo demo-keep bench bench-speed lint e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,8 +40,12 @@ demo: $(STAMP) ## Run the real operator against the embedded API emulator and pr
 demo-keep: $(STAMP) ## Like demo, but keep it running and print a kubeconfig for kubectl
 	$(VENV)/bin/gputask demo --keep --port $(PORT)
 
-bench: $(STAMP) ## Replay the Alibaba GPU trace (TRACE_DIR) for every policy, seeds SEEDS
-	$(VENV)/bin/gputask simulate --trace-dir $(TRACE_DIR) --seeds $(SEEDS) --jobs $(JOBS)
+bench: $(STAMP) ## Trace benchmark: 17 pod lists x policies x SEEDS (JOBS workers) into bench/results, then bench-speed
+	$(PY) bench/run_bench.py --trace-dir $(TRACE_DIR) --seeds $(SEEDS) --jobs $(JOBS) --out bench/results
+	$(MAKE) --no-print-directory bench-speed
+
+bench-speed: $(STAMP) ## Placements/s on one core: trace cluster and a 5,000-node synthetic cycle (bench/results/speed.json)
+	$(PY) bench/speed.py --trace-dir $(TRACE_DIR) --out bench/results/speed.json
 
 lint: $(STAMP) ## ruff and mypy (strict on the core)
 	$(VENV)/bin/ruff check operator tests

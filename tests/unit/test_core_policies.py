@@ -16,7 +16,7 @@ from gputask.core.policies import FGD, BestFitAtc23, Packing, TargetWorkload, Ta
 from gputask.core.policies.fgd import framework_score
 from gputask.core.policies.fragmentation import Fragmentation
 from gputask.core.policies.packing import pressures
-from gputask.core.policies.workload import RecentWorkload
+from gputask.core.policies.workload import DEFAULT_TARGET, RecentWorkload
 
 WHOLE = GpuRequest(1)
 HALF = GpuRequest(1, fraction_milli=500)
@@ -184,3 +184,22 @@ def test_new_policies_place_exactly_as_the_plain_search(nodes: list, tasks: list
         if got[-1].placement is not None:
             cluster.reserve(t, got[-1].placement)
     assert got == want
+
+
+def test_default_target_sums_to_one_and_a_fresh_policy_places_as_a_used_one() -> None:
+    """Without a fixed workload, placement depends only on the cluster's state: a policy that placed
+    earlier tasks and a fresh one (an operator after a restart) choose the same node for the next."""
+    tasks = [task(f"t{i}", request) for i, request in enumerate([WHOLE, HALF, HALF, WHOLE, GpuRequest(2), HALF])]
+    used_cluster, used = ClusterState([node(n, 4) for n in "abc"]), make_policy("packing")
+    for t in tasks:
+        placement = find_placement(used_cluster, t, used).placement
+        assert placement is not None
+        used_cluster.reserve(t, placement)
+    fresh_cluster = ClusterState([node(n, 4) for n in "abc"])
+    for reservation in used_cluster.reservations().values():
+        fresh_cluster.force_reserve(reservation.task, reservation.placement)
+    following = task("next", GpuRequest(1, fraction_milli=300))
+    assert (
+        round(sum(p for _, p in DEFAULT_TARGET.shapes), 9),
+        find_placement(used_cluster, following, used),
+    ) == (1.0, find_placement(fresh_cluster, following, make_policy("packing")))

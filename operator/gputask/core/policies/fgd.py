@@ -13,8 +13,9 @@ compares the exact increases instead. GPU choice, as theirs: a task sharing one 
 GPU with the best score (lowest index on ties); a whole-GPU task takes the lowest-index idle GPUs.
 
 The target workload is fixed with :meth:`FGD.set_workload` (the trace replay: the pod list's
-shapes, as the authors do) or else follows the tasks placement has recently seen
-(:class:`~gputask.core.policies.workload.RecentWorkload`).
+shapes, as the authors do); otherwise it is a built-in default mix
+(:data:`~gputask.core.policies.workload.DEFAULT_TARGET`), or, opted into with
+``follow_recent``, the tasks placement has recently seen.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.model import Task
 from gputask.core.placement import tightest
 from gputask.core.policies.fragmentation import Fragmentation
-from gputask.core.policies.workload import POPULARITY, RecentWorkload, TargetWorkload, TaskShape
+from gputask.core.policies.workload import DEFAULT_TARGET, POPULARITY, RecentWorkload, TargetWorkload, TaskShape
 
 
 def framework_score(decrease: float) -> int:
@@ -36,19 +37,27 @@ def framework_score(decrease: float) -> int:
 
 
 class TargetFollower:
-    """The target-workload half of a fragmentation policy: fixed, or following recent tasks.
+    """The target-workload half of a fragmentation policy.
 
-    ``generation`` changes whenever the target does (placement then forgets cached scores).
-    Shapes enter the target without host memory unless ``with_memory`` (the authors' choice).
+    The target is :data:`~gputask.core.policies.workload.DEFAULT_TARGET` until
+    :meth:`set_workload` fixes another (the trace replay: the pod list's shapes), or, with
+    ``follow_recent``, the shapes of the tasks placement has recently seen. ``generation``
+    changes whenever the target does (placement then forgets cached scores). Shapes enter the
+    target without host memory unless ``with_memory`` (the authors' choice).
     """
 
     def __init__(
-        self, *, popularity: float = POPULARITY, copies_weight: float = 0.0, with_memory: bool = False
+        self,
+        *,
+        popularity: float = POPULARITY,
+        copies_weight: float = 0.0,
+        with_memory: bool = False,
+        follow_recent: bool = False,
     ) -> None:
         self.popularity, self.copies_weight, self.with_memory = popularity, copies_weight, with_memory
-        self._recent: RecentWorkload | None = RecentWorkload(popularity=popularity)
+        self._recent = RecentWorkload(popularity=popularity) if follow_recent else None
         self._fixed_generation = 0
-        self.frag = Fragmentation(TargetWorkload())
+        self.frag = Fragmentation(DEFAULT_TARGET, copies_weight=copies_weight)
         self._frag_generation = -1
 
     @property
@@ -86,8 +95,8 @@ class FGD(TargetFollower):
     name = "fgd"
     scores_by_state = True
 
-    def __init__(self, *, quantize: bool = True) -> None:
-        super().__init__()
+    def __init__(self, *, quantize: bool = True, follow_recent: bool = False) -> None:
+        super().__init__(follow_recent=follow_recent)
         self.quantize = quantize
         self._last: tuple[NodeState, Task, tuple[int, ...], float] | None = None
 

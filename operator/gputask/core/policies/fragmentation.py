@@ -12,8 +12,11 @@ where F_n(m), in milli-GPU, is the free GPU capacity of n that a task of shape m
 - otherwise the free capacity of the GPUs that could not hold one of m's GPUs (free share below
   m's per-GPU need, not idle for a whole-GPU shape, or a product m does not allow).
 
-A GPU's free capacity is its free share in milli-GPU (free MiB * 1000 // its MiB). A GPU "could
-hold" a shape under the same rule :func:`gputask.core.placement.feasible_gpus` applies.
+A GPU's free capacity is in milli-GPU of the node's largest GPU (free MiB * 1000 // that GPU's
+MiB): on the usual node of one GPU model, its free share, as in the paper; on a node mixing sizes,
+4 GiB free is the same capacity on either card, so a memory request is not pushed to the smaller
+card just because it takes a larger share of it. A GPU "could hold" a shape under the same rule
+:func:`gputask.core.placement.feasible_gpus` applies.
 
 Because the shares sum to 1, F_n(M) = T - sum over hostable shapes m of p_m * A_m, where T is
 the node's total free capacity and A_m the free capacity on GPUs that can hold m. Shapes are
@@ -189,7 +192,8 @@ class Fragmentation:
 
     def _compute(self, view: NodeView) -> float:
         cpu, memory, gpus = view
-        milli = [free * MILLI_PER_GPU // size if size else 0 for _, size, free, _ in gpus]
+        unit = max((size for _, size, _, _ in gpus), default=0)  # the node's largest GPU
+        milli = [free * MILLI_PER_GPU // unit if unit else 0 for _, _, free, _ in gpus]
         total = sum(milli)
         if not total:
             return 0.0

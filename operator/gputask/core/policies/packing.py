@@ -82,8 +82,10 @@ class Packing(TargetFollower):
     name = "packing"
     scores_by_state = True
 
-    def __init__(self, *, copies_weight: float = COPIES_WEIGHT, pressure_step: float = PRESSURE_STEP) -> None:
-        super().__init__(copies_weight=copies_weight)
+    def __init__(
+        self, *, copies_weight: float = COPIES_WEIGHT, pressure_step: float = PRESSURE_STEP, follow_recent: bool = False
+    ) -> None:
+        super().__init__(copies_weight=copies_weight, follow_recent=follow_recent)
         self.pressure_step = pressure_step
         self._pressure: dict[str, float] = {}
         self._pressure_of: tuple[int, tuple[tuple[str, int], ...]] = (-1, ())

@@ -10,9 +10,10 @@ the task's GPU request (count, per-GPU share or memory, allowed products) and it
 the simulator leaves host memory out of the shape, and so does :meth:`TargetWorkload.from_shapes`
 unless asked.
 
-Two sources: a fixed workload (the trace replay computes it from the pod list, as the authors
-do), or :class:`RecentWorkload`, a window over the tasks the scheduler has recently seen (the
-operator's case), rebuilt every so many new tasks so that cached scores stay valid meanwhile.
+Sources: a workload fixed from a list of shapes (the trace replay computes it from the pod list,
+as the authors do); :data:`DEFAULT_TARGET`, the operator's default; or, opted into,
+:class:`RecentWorkload`, a window over the tasks the scheduler has recently seen, rebuilt every
+so many new tasks so that cached scores stay valid meanwhile (not restart-safe: see there).
 """
 
 from __future__ import annotations
@@ -78,12 +79,36 @@ class TargetWorkload:
         return len(self.shapes)
 
 
+def _default_target() -> TargetWorkload:
+    shares = {
+        GpuRequest(1): 0.55,
+        GpuRequest(1, fraction_milli=810): 0.15,
+        GpuRequest(1, fraction_milli=470): 0.12,
+        GpuRequest(1, fraction_milli=320): 0.08,
+        GpuRequest(1, fraction_milli=650): 0.07,
+        GpuRequest(2): 0.01,
+        GpuRequest(4): 0.01,
+        GpuRequest(8): 0.01,
+    }
+    return TargetWorkload(tuple((TaskShape(request), p) for request, p in shares.items()))
+
+
+DEFAULT_TARGET = _default_target()
+"""The target workload when none is given: the GPU task mix of the Alibaba GPU trace v2023
+(default pod list, rounded): 55% whole single GPUs, 42% GPU shares (0.81, 0.47, 0.32, 0.65 of a
+GPU, the four commonest), 3% on 2, 4 or 8 GPUs; no CPU or memory (the operator leaves them to
+kube-scheduler). A fixed target keeps placement a function of the cluster's state, so an
+operator restarted from the API makes the same decisions (DESIGN.md principle 3)."""
+
+
 class RecentWorkload:
     """The target workload of the last ``window`` distinct tasks seen, rebuilt every ``refresh`` new ones.
 
     ``generation`` changes exactly when :attr:`target` does, so a policy's cached scores know when
     to start over. Before any task is seen the target is empty; the first task seen builds it at
-    once, so the first placements are already scored against something real.
+    once, so the first placements are already scored against something real. Opt-in
+    (``follow_recent``): what it learnt is lost on a restart, so a restarted operator may place
+    differently from one that kept running.
     """
 
     def __init__(self, *, window: int = 1000, refresh: int = 500, popularity: float = POPULARITY) -> None:

@@ -1,0 +1,181 @@
+"""Placement speed of the core on one CPU core (``make bench-speed``; also run by ``make bench``).
+
+Two measurements, each in this one process (no pool), written to ``bench/results/speed.json``:
+
+1. **trace**: the default pod list of the Alibaba GPU trace v2023 replayed on its 1,213-node
+   cluster (FGD protocol, seed 42): placements per second = pods placed or found unplaceable,
+   each one ``find_placement`` plus, when placed, a reservation; per policy.
+2. **synthetic**: a 5,000-node, 40,000-GPU cluster (8 GPUs per node, three products) and
+   50,000 pending tasks (whole GPUs 1/2/4/8, memory and fraction shares, some restricted to a
+   product) in four GPUClusterQueues of one cohort with nominal quotas, scheduled by the full
+   ``Scheduler.cycle`` (queue order, quota, placement, preemption planning when nothing fits)
+   until a cycle admits nothing more; admissions per second over the cycles' wall time.
+
+Peak RSS (``resource.getrusage``) is reported after each part; it only grows, so the second
+part's figure covers both. Timings depend on the machine: the JSON names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gputask.core import (
+    DEFAULT_POLICY,
+    GPU,
+    Admit,
+    Gpu,
+    GpuRequest,
+    Node,
+    NodeName,
+    QueueSpec,
+    ResourceQuota,
+    Scheduler,
+    Task,
+    TaskKey,
+    make_policy,
+)
+from gputask.sim.trace import GPU_MIB, RunSpec, build_nodes, load_trace, replay, workload
+
+GIB = 1024
+PRODUCTS = (("NVIDIA-A100-SXM4-80GB", 80 * GIB, 0.6), ("NVIDIA-A10", 24 * GIB, 0.25), ("Tesla-T4", 16 * GIB, 0.15))
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count and Python of this machine."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "system": platform.system()}
+
+
+def trace_speed(trace_dir: Path, policies: list[str]) -> dict[str, Any]:
+    """Part 1: placements per second on the trace cluster, per policy."""
+    spec = RunSpec(str(trace_dir), "openb_pod_list_default.csv", "", 42)
+    trace_nodes, pods = load_trace(spec.trace_dir, spec.pods_file)
+    out: dict[str, Any] = {"nodes": len(trace_nodes), "podList": spec.pods_file, "seed": spec.seed, "policies": {}}
+    for policy in policies:
+        nodes = build_nodes(trace_nodes)
+        arrivals = workload(pods, spec.seed, GPU_MIB * sum(len(n.gpus) for n in nodes))
+        started = time.perf_counter()
+        result = replay(nodes, arrivals, policy, seed=spec.seed, target_pods=pods)
+        elapsed = time.perf_counter() - started
+        out["policies"][policy] = {
+            "placements": len(arrivals),
+            "failed": result.failed_pods,
+            "seconds": round(elapsed, 3),
+            "placementsPerSecond": round(len(arrivals) / elapsed, 1),
+        }
+        print(f"speed: trace {policy}: {len(arrivals) / elapsed:.0f} placements/s", file=sys.stderr)
+    out["peakRssMiB"] = round(peak_rss_mib(), 1)
+    return out
+
+
+def synthetic_nodes(count: int, rng: random.Random) -> list[Node]:
+    """``count`` nodes of 8 GPUs, product drawn by share; CPU and memory left to kube-scheduler."""
+    nodes = []
+    for i in range(count):
+        product, mib, _ = rng.choices(PRODUCTS, weights=[p[2] for p in PRODUCTS])[0]
+        name = f"node-{i:05d}"
+        gpus = tuple(Gpu(g, f"{name}-gpu{g}", product, mib) for g in range(8))
+        nodes.append(Node(NodeName(name), gpus))
+    return nodes
+
+
+def synthetic_task(i: int, rng: random.Random, queues: list[str]) -> Task:
+    """One task: mostly single GPUs or shares, a few multi-GPU, a tenth restricted to a product."""
+    kind = rng.random()
+    products = frozenset([rng.choice(PRODUCTS)[0]]) if rng.random() < 0.1 else frozenset()
+    if kind < 0.35:
+        request = GpuRequest(1, products=products)
+    elif kind < 0.55:
+        request = GpuRequest(1, memory_mib=rng.choice([4, 8, 10, 12, 20]) * GIB, products=products)
+    elif kind < 0.8:
+        request = GpuRequest(1, fraction_milli=rng.choice([250, 330, 500, 750]), products=products)
+    elif kind < 0.9:
+        request = GpuRequest(2, products=products)
+    elif kind < 0.97:
+        request = GpuRequest(4, products=products)
+    else:
+        request = GpuRequest(8, products=products)
+    queue = queues[i % len(queues)]
+    return Task(TaskKey(f"{queue}/task-{i:06d}"), queue, request, priority=rng.choice([0, 0, 0, 100]), created=float(i))
+
+
+def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7) -> dict[str, Any]:
+    """Part 2: the full scheduling cycle with quota on a big synthetic cluster."""
+    rng = random.Random(seed)
+    scheduler = Scheduler(policy=make_policy(policy), nodes=synthetic_nodes(nodes, rng))
+    queues = ["team-a", "team-b", "team-c", "team-d"]
+    gpus = nodes * 8
+    for name in queues:  # nominal quotas sum to 90% of the GPUs: quota binds for some queues
+        quota = {GPU: ResourceQuota(nominal=gpus * 1000 * 9 // 40, borrowing_limit=gpus * 1000 // 10)}
+        scheduler.set_queue(QueueSpec(name=name, cohort="org", quotas=quota))
+    for i in range(tasks):
+        scheduler.submit(synthetic_task(i, rng, queues))
+    admitted, cycles, cycle_seconds = 0, [], 0.0
+    while True:
+        started = time.perf_counter()
+        decisions = scheduler.cycle(float(len(cycles)))
+        elapsed = time.perf_counter() - started
+        new = sum(isinstance(d, Admit) for d in decisions)
+        cycles.append({"seconds": round(elapsed, 3), "admitted": new, "decisions": len(decisions)})
+        cycle_seconds += elapsed
+        admitted += new
+        print(f"speed: synthetic cycle {len(cycles)}: {new} admitted in {elapsed:.2f} s", file=sys.stderr)
+        if not new or len(cycles) >= 5:
+            break
+    return {
+        "nodes": nodes,
+        "gpus": gpus,
+        "pendingTasks": tasks,
+        "policy": policy,
+        "queues": len(queues),
+        "admitted": admitted,
+        "stillPending": len(scheduler.pending),
+        "cycles": cycles,
+        "seconds": round(cycle_seconds, 3),
+        "placementsPerSecond": round(admitted / cycle_seconds, 1),
+        "decisionsPerSecond": round(sum(c["decisions"] for c in cycles) / cycle_seconds, 1),
+        "peakRssMiB": round(peak_rss_mib(), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both parts and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace-dir", type=Path, required=True)
+    parser.add_argument("--policies", default=f"{DEFAULT_POLICY},fgd,bestfit,firstfit")
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--tasks", type=int, default=50_000)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "speed.json")
+    args = parser.parse_args(argv)
+    result = {
+        "machine": machine(),
+        "trace": trace_speed(args.trace_dir, args.policies.split(",")),
+        "synthetic": synthetic_speed(args.nodes, args.tasks, DEFAULT_POLICY),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result["synthetic"].items() if k != "cycles"}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
