@@ -203,33 +203,37 @@ def reproduction_lines(main: dict[str, Any] | None, other: dict[str, Any] | None
 
 # -- the plot -------------------------------------------------------------------------------------
 def plot(summary: dict[str, Any], paper: dict[str, list[float]], path: Path) -> None:
-    """Allocation % versus arrived % on one pod list: our policies solid, the paper's dashed."""
+    """Allocation % versus arrived % on one pod list: our policies solid, the paper's dashed.
+
+    Left: the whole curve, as the paper's Fig. 9(a); right: the saturation region enlarged.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), dpi=110)
     xs = list(range(MAX_PCT + 1))
-    colors: dict[str, str] = {}
-    for i, (policy, body) in enumerate(summary["policies"].items()):
-        curve = body["allocationPctByArrivedPct"]
-        points = [(x, y) for x, y in zip(xs, curve, strict=True) if y is not None]
-        colors[policy] = f"C{i}"
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=policy, linewidth=1.6, color=colors[policy])
-    for ours, name in (("bestfit-atc23", "BestFit"), ("fgd", "FGD")):
-        if name in paper:
-            color = colors.get(ours, "black")
-            label = f"paper {name} (authors' results, random priority)"
-            ax.plot(xs, paper[name], linestyle="--", linewidth=1.3, color=color, label=label)
-    ax.plot([0, 100], [0, 100], color="grey", linewidth=0.6, linestyle=":")
-    ax.set_xlim(50, MAX_PCT)
-    ax.set_ylim(50, 100)
-    ax.set_xlabel("arrived workload (% of cluster GPUs)")
-    ax.set_ylabel("GPU allocation (% of cluster GPUs)")
-    ax.set_title(f"{summary['trace']}: mean over seeds, tie-break {summary['tieBreak']}")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    colors = {policy: f"C{i}" for i, policy in enumerate(summary["policies"])}
+    for ax in axes:
+        for policy, body in summary["policies"].items():
+            points = [(x, y) for x, y in zip(xs, body["allocationPctByArrivedPct"], strict=True) if y is not None]
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=policy, linewidth=1.6, color=colors[policy])
+        for ours, name in (("bestfit-atc23", "BestFit"), ("fgd", "FGD")):
+            if name in paper:
+                label = f"paper {name} (authors' results, random priority)"
+                ax.plot(xs, paper[name], linestyle="--", linewidth=1.3, color=colors.get(ours, "black"), label=label)
+        ax.plot([0, 100], [0, 100], color="grey", linewidth=0.6, linestyle=":")
+        ax.set_xlabel("arrived workload (% of cluster GPUs)")
+        ax.set_ylabel("GPU allocation (% of cluster GPUs)")
+        ax.grid(alpha=0.3)
+    axes[0].set_xlim(0, MAX_PCT)
+    axes[0].set_ylim(0, 100)
+    axes[0].set_title(f"{summary['trace']}: mean over seeds, tie-break {summary['tieBreak']}")
+    axes[1].set_xlim(85, MAX_PCT)
+    axes[1].set_ylim(86, 97)
+    axes[1].set_title("enlarged: where placement saturates")
+    axes[1].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
