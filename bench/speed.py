@@ -11,8 +11,8 @@ Two measurements, each in this one process (no pool), written to ``bench/results
    ``Scheduler.cycle`` (queue order, quota, placement, preemption planning when nothing fits)
    until a cycle admits nothing more; admissions per second over the cycles' wall time.
 
-Peak RSS (``resource.getrusage``) is reported after each part; it only grows, so the second
-part's figure covers both. Timings depend on the machine: the JSON names it.
+Peak RSS (``resource.getrusage``) is reported after each part; it only grows, so a later
+part's figure covers the earlier ones. Timings depend on the machine: the JSON names it.
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run both parts and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace-dir", type=Path, required=True)
-    parser.add_argument("--policies", default=f"{DEFAULT_POLICY},fgd,bestfit,firstfit")
+    parser.add_argument("--policies", default="packing,fgd,bestfit,firstfit")
+    parser.add_argument("--synthetic-policies", default=f"{DEFAULT_POLICY},packing")
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "speed.json")
@@ -169,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "machine": machine(),
         "trace": trace_speed(args.trace_dir, args.policies.split(",")),
-        "synthetic": synthetic_speed(args.nodes, args.tasks, DEFAULT_POLICY),
+        "synthetic": {p: synthetic_speed(args.nodes, args.tasks, p) for p in args.synthetic_policies.split(",")},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result["synthetic"].items() if k != "cycles"}), file=sys.stderr)
+    for policy, body in result["synthetic"].items():
+        print(json.dumps({k: v for k, v in body.items() if k != "cycles"}), file=sys.stderr)
     return 0
 
 
