@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for policy, body in result["synthetic"].items():
+    for body in result["synthetic"].values():
         print(json.dumps({k: v for k, v in body.items() if k != "cycles"}), file=sys.stderr)
     return 0
 
