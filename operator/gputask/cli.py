@@ -95,10 +95,12 @@ def simulate(
         raise typer.Exit(
             cli_timed(trace_dir, pods_file=pods_file, policy=chosen, speedup=speedup, load=load, output=output)
         )
-    from gputask.sim.trace import cli_simulate
+    from gputask.sim.report import simulate_command
 
     raise typer.Exit(
-        cli_simulate(trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break)
+        simulate_command(
+            trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break
+        )
     )
 
 

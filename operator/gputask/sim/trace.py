@@ -351,21 +351,3 @@ def run(spec: RunSpec) -> RunResult:
     capacity = GPU_MIB * sum(len(n.gpus) for n in nodes)
     arrivals = workload(pods, spec.seed, capacity)
     return replay(nodes, arrivals, spec.policy, seed=spec.seed, tie_break=spec.tie_break, target_pods=pods)
-
-
-def cli_simulate(
-    trace_dir: Path,
-    *,
-    pods: list[str] | None,
-    policies: list[str] | None,
-    seeds: str,
-    output: str,
-    jobs: int,
-    tie_break: str = "name",
-) -> int:
-    """``gputask simulate``: run every (policy, seed), print a table or JSON; returns the exit code."""
-    from gputask.sim.report import simulate_command
-
-    return simulate_command(
-        trace_dir, pods=pods, policies=policies, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break
-    )
