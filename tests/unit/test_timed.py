@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from gputask.sim.timed import cli_timed, replay_timed
 
@@ -48,13 +51,22 @@ def test_gputask_admits_the_higher_priority_class_first(tmp_path: Path) -> None:
     )
 
 
-def test_cli_reports_both_modes_as_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    """--output json prints the trace, the knobs and one figure set per mode."""
+def test_cli_reports_both_modes_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--output json prints the trace, the knobs and each mode's exact figures."""
     root = trace(tmp_path)
     (root / "openb_pod_list_default.csv").write_text((root / "pods.csv").read_text())
-    assert (
-        cli_timed(root, pods_file="openb_pod_list_default.csv", policy="bestfit", speedup=1.0, load=1, output="json")
-        == 0
+    code = cli_timed(root, pods_file="openb_pod_list_default.csv", policy="bestfit", speedup=1.0, load=1, output="json")
+    figures = {"makespanS": 200.0, "gpuUtilizationPct": 100.0, "admitted": 3, "unadmitted": 0, "preemptions": 0}
+    assert (code, json.loads(capsys.readouterr().out)) == (
+        0,
+        {
+            "trace": "openb_pod_list_default.csv",
+            "speedup": 1.0,
+            "load": 1,
+            "policy": "bestfit",
+            "modes": {
+                "gputask": {"meanQueueDelayS": 73.3, "p95QueueDelayS": 140.0, **figures},
+                "fifo": {"meanQueueDelayS": 73.3, "p95QueueDelayS": 130.0, **figures},
+            },
+        },
     )
-    out = capsys.readouterr().out
-    assert '"modes"' in out and '"gputask"' in out and '"fifo"' in out
