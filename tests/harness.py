@@ -124,6 +124,16 @@ class Cluster:
         ]
 
 
+async def add_ready_node(cluster: Cluster, name: str) -> dict[str, Any]:
+    """Create a Ready v1 Node (no GPUNode: that is the agent's job); returns the stored Node."""
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+    stored = await cluster.client.create(NODES, node)
+    await cluster.client.patch(
+        NODES, name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, status=True
+    )
+    return stored
+
+
 @contextlib.asynccontextmanager
 async def running_operator(cluster: Cluster, config: Config | None = None) -> AsyncIterator[Operator]:
     """Run one real operator instance until the block ends."""

@@ -12,21 +12,11 @@ from typing import Any
 
 from gputask.agent import FakeProbe, GpuReading, NodeReading, fake_uuid
 from gputask.agent.report import Reporter
-from gputask.k8s.client import GPUNODES, JOBS, NODES, NotFound
-from harness import Cluster, eventually, gputask, running_operator
+from gputask.k8s.client import GPUNODES, JOBS, NotFound
+from harness import Cluster, add_ready_node, eventually, gputask, running_operator
 
 NODE = "gpu-node-1"
 U0, U1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
-
-
-async def add_ready_node(cluster: Cluster, name: str = NODE) -> dict[str, Any]:
-    """Create a Ready v1 Node (no GPUNode: that is the agent's job); returns the stored Node."""
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
-    stored = await cluster.client.create(NODES, node)
-    await cluster.client.patch(
-        NODES, name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, status=True
-    )
-    return stored
 
 
 @contextlib.asynccontextmanager
@@ -74,7 +64,7 @@ def a10(index: int, uuid: str, healthy: bool = True, reason: str = "") -> dict[s
 
 async def test_agent_reports_gpus_and_the_operator_places_a_task_on_them(cluster: Cluster) -> None:
     """The agent creates the owned GPUNode from a FakeProbe; the operator pins a GPUTask to a reported UUID."""
-    node = await add_ready_node(cluster)
+    node = await add_ready_node(cluster, NODE)
     await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
     probe = FakeProbe.from_spec("2xNVIDIA-A10:24Gi", node_name=NODE)
     async with running_agent(cluster, probe):
@@ -94,7 +84,7 @@ async def test_agent_reports_gpus_and_the_operator_places_a_task_on_them(cluster
 
 async def test_operator_avoids_a_gpu_the_agent_reports_unhealthy(cluster: Cluster) -> None:
     """A GPU the agent reports unhealthy (XID 79) gets no task: the operator places on the other GPU."""
-    await add_ready_node(cluster)
+    await add_ready_node(cluster, NODE)
     await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
     probe = FakeProbe.from_spec("2xNVIDIA-A10:24Gi", node_name=NODE)
     probe.set_health(0, False, "XID 79")
@@ -132,7 +122,7 @@ class FlakyProbe:
 
 async def test_malformed_readings_never_crash_the_agent_against_the_api(cluster: Cluster) -> None:
     """Through raising and malformed readings the agent keeps running and publishes only the valid GPU."""
-    await add_ready_node(cluster)
+    await add_ready_node(cluster, NODE)
     async with running_agent(cluster, FlakyProbe()) as reporter:
         obj = await eventually(lambda: gpunode_with(cluster, lambda s: bool(s.get("gpus"))))
         await asyncio.sleep(0.2)  # more ticks on the good reading
@@ -156,7 +146,7 @@ async def test_malformed_readings_never_crash_the_agent_against_the_api(cluster:
 
 async def test_agent_command_reports_and_exits_0_on_sigterm(cluster: Cluster) -> None:
     """`gputask agent --fake-gpus` as a process writes the GPUNode and exits 0 on SIGTERM."""
-    await add_ready_node(cluster)
+    await add_ready_node(cluster, NODE)
     args = ["--node-name", NODE, "--fake-gpus", "1x8Gi", "--interval", "100ms", "--metrics-port", "0"]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
