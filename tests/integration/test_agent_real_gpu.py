@@ -106,22 +106,32 @@ def _wait_used(index: int, predicate: Any, timeout_s: float = 30.0) -> int:
 
 
 def test_nvml_probe_reads_the_same_devices_as_nvidia_smi(real_gpu: None) -> None:
-    """Index, UUID, product (spaces as '-'), total MiB and driver version agree with nvidia-smi; all healthy."""
+    """Index, UUID, product (spaces as '-'), memory (total less the driver's reserve), used and driver
+    version agree with nvidia-smi; all healthy. Run with nothing else on the GPU."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         pytest.skip("nvidia-smi is not on the PATH")
-    query = "index,uuid,name,memory.total,driver_version"
+    query = "index,uuid,name,memory.total,memory.reserved,memory.used,driver_version"
     lines = subprocess.run(
         [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True
     ).stdout.strip()
     rows = [[cell.strip() for cell in line.split(",")] for line in lines.splitlines()]
-    expected = [(int(i), uuid, product_name(name), int(total), True, "") for i, uuid, name, total, _ in rows]
+    expected = [(int(i), uuid, product_name(name), True, "") for i, uuid, name, *_ in rows]
+    memory = [(int(total) - int(reserved), int(used)) for _, _, _, total, reserved, used, _ in rows]
 
     with NvmlProbe() as probe:
         reading = probe.read()
 
-    got = [(g.index, g.uuid, g.product, g.memory_total_mib, g.healthy, g.reason) for g in reading.gpus]
-    assert (got, reading.driver_version) == (expected, rows[0][4])
+    got = [(g.index, g.uuid, g.product, g.healthy, g.reason) for g in reading.gpus]
+    # nvidia-smi rounds each MiB figure on its own; the probe works in bytes: 1 MiB apart at most.
+    off = [
+        (abs(g.memory_total_mib - allocatable) <= 1, abs(g.memory_used_mib - used) <= 1)
+        for g, (allocatable, used) in zip(reading.gpus, memory, strict=True)
+    ]
+    assert (got, reading.driver_version, off) == (expected, rows[0][6], [(True, True)] * len(rows)), (
+        [(g.memory_total_mib, g.memory_used_mib) for g in reading.gpus],
+        memory,
+    )
 
 
 def test_memory_another_process_holds_shows_in_the_reading_and_goes_away(real_gpu: None) -> None:

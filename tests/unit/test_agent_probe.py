@@ -133,6 +133,7 @@ class FakeDevice:
     total: int
     used: int
     mig: int | None = None  # None: MIG not supported
+    reserved: int = 0  # bytes the driver keeps; v1 counts them as used, v2 apart
     events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
     errors: dict[str, Exception] = field(default_factory=dict)
 
@@ -147,7 +148,11 @@ class FakeNvml:
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
 
-    def __init__(self, devices: list[FakeDevice], *, errors: dict[str, Exception] | None = None) -> None:
+    def __init__(
+        self, devices: list[FakeDevice], *, errors: dict[str, Exception] | None = None, memory_v2: bool = False
+    ) -> None:
+        if memory_v2:  # pynvml has the v2 struct only where it can call nvmlDeviceGetMemoryInfo_v2
+            self.nvmlMemory_v2 = pynvml.nvmlMemory_v2
         self.devices = devices
         self.errors = errors or {}  # module-level call name -> error
         self.pending: deque[SimpleNamespace] = deque()
@@ -191,9 +196,15 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: int) -> str:
         return self._device(handle, "nvmlDeviceGetName").name
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
-        device = self._device(handle, "nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(total=device.total, used=device.used, free=device.total - device.used)
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> SimpleNamespace:
+        if version is None:
+            device = self._device(handle, "nvmlDeviceGetMemoryInfo")
+            used = device.used + device.reserved
+            return SimpleNamespace(total=device.total, used=used, free=device.total - used)
+        assert version == pynvml.nvmlMemory_v2
+        device = self._device(handle, "nvmlDeviceGetMemoryInfo_v2")
+        free = device.total - device.reserved - device.used
+        return SimpleNamespace(total=device.total, reserved=device.reserved, used=device.used, free=free)
 
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
         device = self._device(handle, "nvmlDeviceGetMigMode")
@@ -419,3 +430,37 @@ def test_nvml_failed_event_wait_marks_all_unhealthy() -> None:
     nvml.errors["nvmlEventSetWait"] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
     reason = "NVML event wait failed: Unknown Error"
     assert [(g.index, g.healthy, g.reason) for g in probe.read().gpus] == [(0, False, reason), (1, False, reason)]
+
+
+def test_memory_reserved_by_the_driver_is_neither_allocatable_nor_used_with_nvml_v2() -> None:
+    """With the v2 query a 24 GiB card with 512 MiB reserved and 1000 MiB held reads 24064 MiB, 1000 MiB used;
+    v1 (no v2 in pynvml) reads 24576 MiB, 1512 MiB used."""
+
+    def card() -> list[FakeDevice]:
+        return [FakeDevice("GPU-0a", "NVIDIA A10", 24576 * MIB, 1000 * MIB, reserved=512 * MIB)]
+
+    with NvmlProbe(nvml=FakeNvml(card(), memory_v2=True)) as probe:
+        v2 = probe.read().gpus[0]
+    with NvmlProbe(nvml=FakeNvml(card())) as probe:
+        v1 = probe.read().gpus[0]
+    assert [(g.memory_total_mib, g.memory_used_mib, g.healthy) for g in (v2, v1)] == [
+        (24064, 1000, True),
+        (24576, 1512, True),
+    ]
+
+
+def test_memory_v2_not_supported_falls_back_to_v1_and_other_v2_errors_mark_the_device() -> None:
+    """NotSupported from the v2 query reads v1 instead; GPU-is-lost from it makes that device unhealthy."""
+    devices = two_gpus()
+    for device in devices:
+        device.reserved = 256 * MIB
+    devices[0].errors["nvmlDeviceGetMemoryInfo_v2"] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    devices[1].errors["nvmlDeviceGetMemoryInfo_v2"] = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    with NvmlProbe(nvml=FakeNvml(devices, memory_v2=True)) as probe:
+        a10, a100 = probe.read().gpus
+    assert (a10.memory_total_mib, a10.memory_used_mib, a10.healthy) == (
+        24576,
+        769,
+        True,
+    )  # 512 MiB + 1 byte held + 256 reserved, rounded up
+    assert (a100.healthy, a100.reason) == (False, "nvmlDeviceGetMemoryInfo_v2: GPU is lost")

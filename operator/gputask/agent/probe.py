@@ -42,7 +42,11 @@ MAX_EVENTS_PER_READ = 256  # bounds one drain if a device floods the event set
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One device as read: product with spaces as '-', memory in MiB, MIG mode if supported."""
+    """One device as read: product with spaces as '-', memory in MiB, MIG mode if supported.
+
+    ``memory_total_mib`` is what tasks can allocate: NVML's total less the driver's reserve
+    where the driver tells it (see :func:`_memory`); ``memory_used_mib`` is what processes hold.
+    """
 
     index: int
     uuid: str
@@ -182,12 +186,11 @@ class NvmlProbe:
             handle = _query(nvml, "nvmlDeviceGetHandleByIndex", index)
             identity["uuid"] = _text(_query(nvml, "nvmlDeviceGetUUID", handle))
             identity["product"] = product_name(_query(nvml, "nvmlDeviceGetName", handle))
-            memory = _query(nvml, "nvmlDeviceGetMemoryInfo", handle)
+            total_mib, used_mib = _memory(nvml, handle)
             mig_mode = self._mig_mode(nvml, handle)
         except _QueryFailed as exc:
             return self._failed_device(index, str(exc), **identity)
         uuid, product = identity["uuid"], identity["product"]
-        total_mib, used_mib = int(memory.total) // MIB, -(-int(memory.used) // MIB)  # used rounds up
         self._known[index] = _Known(uuid, product, total_mib)
         return GpuReading(index, uuid, product, total_mib, used_mib, mig_mode)
 
@@ -311,6 +314,32 @@ def _query(nvml: Any, name: str, *args: Any) -> Any:
         return getattr(nvml, name)(*args)
     except nvml.NVMLError as exc:
         raise _QueryFailed(f"{name}: {exc}") from None
+
+
+def _memory(nvml: Any, handle: Any) -> tuple[int, int]:
+    """(allocatable MiB, used MiB) of one device; used rounds up.
+
+    NVML's v2 memory query (``nvmlDeviceGetMemoryInfo_v2``) separates what the driver and
+    firmware reserve from what processes use; v1 counts the reserve as used. On an idle H200
+    with driver 580.159 the reserve is 616 MiB: v1 says 616 MiB used where nvidia-smi says 0.
+    With v2 the GPU's memory is reported as total minus the reserve (what tasks can allocate)
+    and used is what processes hold, so the operator's ``foreignMemoryToleranceMiB`` only has
+    to absorb CUDA contexts (526 MiB per process there). Where v2 is missing (older drivers or
+    pynvml) v1 is read: total, and used including the reserve.
+    Raises _QueryFailed when the query fails for another reason.
+    """
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except _not_supported(nvml):
+            pass
+        except nvml.NVMLError as exc:
+            raise _QueryFailed(f"nvmlDeviceGetMemoryInfo_v2: {exc}") from None
+        else:
+            return (int(memory.total) - int(memory.reserved)) // MIB, -(-int(memory.used) // MIB)
+    memory = _query(nvml, "nvmlDeviceGetMemoryInfo", handle)
+    return int(memory.total) // MIB, -(-int(memory.used) // MIB)
 
 
 def _not_supported(nvml: Any) -> tuple[type[BaseException], ...]:
