@@ -7,8 +7,9 @@ Usage (on a node with an NVIDIA driver; needs ``pip install 'gputask[agent]'``):
 The JSON holds the reading exactly as the agent would publish it (device view, status body
 without the time), plus what NVML itself says about the machine: per-device XID event
 support, MIG mode and raw memory figures, and the pynvml version. Exit code 2 when NVML
-cannot initialise (no driver here). Nothing in the repository claims this was run until a
-fixture produced by it is committed with a note naming the machine.
+cannot initialise (no driver here). tests/fixtures/nvml_reading_h200.json came from it on one
+NVIDIA H200 (driver 580.159.04, CUDA 13.0, nvidia-ml-py 13.615.71) on 2026-11-29, through
+bench/device_check.sh; tests/unit/test_agent_report.py replays it.
 """
 
 from __future__ import annotations

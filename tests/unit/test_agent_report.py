@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,9 @@ import pytest
 
 import crdschema
 from gputask.agent import FakeProbe, GpuReading, NodeReading, ProbeError, fake_uuid
-from gputask.agent.report import MIG_REASON, Reporter
+from gputask.agent.report import MIG_REASON, Reporter, device_view, gpunode_status
 from gputask.k8s.client import AlreadyExists, ApiError, NotFound, Resource
+from gputask.k8s.convert import node_from_gpunode, reported_used_mib
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-node-1"
@@ -412,3 +414,22 @@ async def test_published_gpunode_satisfies_the_crd_schema() -> None:
     validator = crdschema.validator_for(crdschema.load_crds(REPO / "crds")["GPUNode"])
     obj = client.objects[("gpunodes", NODE)]
     assert (len(obj["status"]["gpus"]), [e.message for e in validator.iter_errors(obj)]) == (4, [])
+
+
+def test_a_reading_captured_on_a_real_h200_publishes_a_valid_gpunode_the_operator_reads() -> None:
+    """tests/fixtures/nvml_reading_h200.json (bench/agent_probe_capture.py on an H200, driver 580.159.04):
+    the reading gives the captured status again, the CRD schema accepts it, and the operator sees one
+    143155 MiB NVIDIA-H200 (143771 MiB less the driver's 616 MiB reserve) with nothing used."""
+    captured = json.loads((REPO / "tests/fixtures/nvml_reading_h200.json").read_text())
+    raw = captured["reading"]
+    reading = NodeReading(raw["driver_version"], raw["cuda_version"], tuple(GpuReading(**g) for g in raw["gpus"]))
+    status = gpunode_status(device_view(reading), dt.datetime(2026, 11, 29, tzinfo=dt.UTC))
+    heartbeat = status.pop("heartbeatTime")
+    body = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "h200"}}
+    validator = crdschema.validator_for(crdschema.load_crds(REPO / "crds")["GPUNode"])
+    errors = [e.message for e in validator.iter_errors({**body, "status": {**status, "heartbeatTime": heartbeat}})]
+    node, rejected = node_from_gpunode("h200", status)
+    uuid = "GPU-66d1363a-506b-c90f-6d07-09ad89e1817c"
+    assert (status, errors, rejected) == (captured["gpunodeStatus"], [], [])
+    assert [(g.index, g.uuid, g.product, g.memory_mib) for g in node.gpus] == [(0, uuid, "NVIDIA-H200", 143155)]
+    assert reported_used_mib(status) == {0: 0}
