@@ -36,7 +36,10 @@ class AgentMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.memory_total = Gauge(
-            "gputask_agent_gpu_memory_total_bytes", "Memory of the GPU that processes can allocate.", _GPU_LABELS, registry=r
+            "gputask_agent_gpu_memory_total_bytes",
+            "Memory of the GPU that processes can allocate.",
+            _GPU_LABELS,
+            registry=r,
         )
         self.memory_used = Gauge(
             "gputask_agent_gpu_memory_used_bytes", "Memory in use on the GPU (all processes).", _GPU_LABELS, registry=r
