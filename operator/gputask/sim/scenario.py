@@ -119,14 +119,18 @@ def run_scenario(
     """Run a scenario and return the output dict of DESIGN.md section 6.
 
     ``doc`` is the parsed YAML (or a :class:`Scenario`); ``policy`` a core policy name or
-    ``"fifo"``. Raises :class:`ScenarioError` on invalid input or an unknown policy.
+    ``"fifo"`` (first fit on the FIFO baseline); it overrides ``config.policy``, so the output's
+    ``config`` shows the policy that ran. Raises :class:`ScenarioError` on invalid input or an
+    unknown policy.
     """
     scenario = load_scenario(doc)
     if policy == FIFO:
         scenario = fifo_baseline(scenario)
     elif policy not in POLICIES:
         raise ScenarioError(f"unknown policy {policy!r}; known: {', '.join(sorted([*POLICIES, FIFO]))}")
-    return _Run(scenario, policy=policy, config=config or Config.model_validate({})).run()
+    ran = "firstfit" if policy == FIFO else policy
+    config = (config or Config.model_validate({})).model_copy(update={"policy": ran})
+    return _Run(scenario, policy=policy, config=config).run()
 
 
 @dataclass(eq=False)
