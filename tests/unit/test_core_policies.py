@@ -15,7 +15,7 @@ from gputask.core.placement import BestFit, find_placement
 from gputask.core.policies import FGD, BestFitAtc23, Packing, TargetWorkload, TaskShape
 from gputask.core.policies.fgd import framework_score
 from gputask.core.policies.fragmentation import Fragmentation
-from gputask.core.policies.packing import pressures
+from gputask.core.policies.packing import multi_gpu_share, pressures
 from gputask.core.policies.workload import DEFAULT_TARGET, RecentWorkload
 
 WHOLE = GpuRequest(1)
@@ -203,3 +203,39 @@ def test_default_target_sums_to_one_and_a_fresh_policy_places_as_a_used_one() ->
         round(sum(p for _, p in DEFAULT_TARGET.shapes), 9),
         find_placement(used_cluster, following, used),
     ) == (1.0, find_placement(fresh_cluster, following, make_policy("packing")))
+
+
+def test_per_copy_weight_follows_the_multi_gpu_share_of_the_target() -> None:
+    """Multi-GPU shapes asking 2/11 of the GPU demand (under a fifth) give 0.5; 2/9 give 0; a number fixes it."""
+    under = [TaskShape(WHOLE)] * 9 + [TaskShape(GpuRequest(2))]  # 2 of 11 GPUs
+    at = [TaskShape(WHOLE)] * 7 + [TaskShape(GpuRequest(2))]  # 2 of 9 GPUs
+    weights = []
+    for shapes, fixed in ((under, None), (at, None), (at, 0.3)):
+        policy = Packing(copies_weight=fixed)
+        policy.set_workload(shapes)
+        weights.append((round(multi_gpu_share(policy.frag.target), 4), policy.frag.copies_weight))
+    assert weights == [(round(2 / 11, 4), 0.5), (round(2 / 9, 4), 0.0), (round(2 / 9, 4), 0.3)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes_st, tasks_st)
+def test_packing_places_as_fgd_without_product_restrictions_and_with_multi_gpu_heavy_work(
+    nodes: list, tasks: list
+) -> None:
+    """Target of 8-GPU and whole-GPU shapes (8/9 multi-GPU), none restricted to products: packing's choices
+    are FGD's (no pressure, no per-copy term), whatever the tasks ask."""
+    built = build(nodes)
+    work = [to_task(i, x) for i, x in enumerate(tasks)]
+    target = [TaskShape(GpuRequest(8)), TaskShape(WHOLE)]
+    placed = []
+    for policy in (FGD(), Packing()):
+        policy.set_workload(target)
+        cluster = ClusterState(built)
+        out = []
+        for t in work:
+            placement = find_placement(cluster, t, policy).placement
+            out.append(placement)
+            if placement is not None:
+                cluster.reserve(t, placement)
+        placed.append(out)
+    assert placed[0] == placed[1]
