@@ -226,7 +226,7 @@ def test_packing_places_as_fgd_without_product_restrictions_and_with_multi_gpu_h
     are FGD's (no pressure, no per-copy term), whatever the tasks ask."""
     built = build(nodes)
     work = [to_task(i, x) for i, x in enumerate(tasks)]
-    target = [TaskShape(GpuRequest(8)), TaskShape(WHOLE)]
+    target = [TaskShape(GpuRequest(8), cpu_milli=4000), TaskShape(WHOLE, cpu_milli=3000)]  # CPU: copies matter
     placed = []
     for policy in (FGD(), Packing()):
         policy.set_workload(target)
