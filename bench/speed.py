@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace-dir", type=Path, required=True)
     parser.add_argument("--policies", default="packing,fgd,bestfit,firstfit")
-    parser.add_argument("--synthetic-policies", default=f"{DEFAULT_POLICY},packing")
+    parser.add_argument("--synthetic-policies", default=",".join(dict.fromkeys([DEFAULT_POLICY, "packing", "bestfit"])))
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "speed.json")
