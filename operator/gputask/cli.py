@@ -66,8 +66,14 @@ def simulate(
     pods: Annotated[
         list[str] | None, typer.Option(help="Pod list file name(s); default openb_pod_list_default.csv")
     ] = None,
-    policy: Annotated[list[str] | None, typer.Option(help="Policies to compare (repeatable).")] = None,
-    seeds: Annotated[str, typer.Option(help="Seed range, e.g. 42-51")] = "42-51",
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Policies to compare (repeatable; 'all' = every one). Default: bestfit, firstfit, random, "
+            "bestfit-atc23, fgd and the default policy. --timed takes one."
+        ),
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Seed range, e.g. 42-51 (not used by --timed).")] = "42-51",
     output: Annotated[str, typer.Option(help="table or json")] = "table",
     jobs: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     tie_break: Annotated[
@@ -90,6 +96,11 @@ def simulate(
     if timed:
         from gputask.sim.timed import cli_timed
 
+        if policy and len(policy) > 1:
+            typer.echo(
+                f"gputask simulate: --timed compares one policy with strict FIFO; got {', '.join(policy)}", err=True
+            )
+            raise typer.Exit(2)
         chosen = (policy or [DEFAULT_POLICY])[0]
         pods_file = (pods or ["openb_pod_list_default.csv"])[0]
         raise typer.Exit(

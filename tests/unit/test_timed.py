@@ -70,3 +70,28 @@ def test_cli_reports_both_modes_as_json(tmp_path: Path, capsys: pytest.CaptureFi
             },
         },
     )
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"speedup": 0.0}, "--speedup 0: must be above 0 (arrival times are divided by it)"),
+        ({"speedup": -1.0}, "--speedup -1: must be above 0 (arrival times are divided by it)"),
+        ({"policy": "fifo"}, "unknown policy 'fifo' for --timed; known: "),
+        ({"output": "xml"}, "--output 'xml': use table or json"),
+    ],
+)
+def test_cli_refuses_bad_knobs_before_replaying(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], knobs: dict[str, object], message: str
+) -> None:
+    """Bad --speedup, policy or --output: exit 2 at once, one line on stderr, nothing on stdout."""
+    args: dict[str, object] = {
+        "pods_file": "pods.csv",
+        "policy": "bestfit",
+        "speedup": 1.0,
+        "load": 1,
+        "output": "json",
+    }
+    code = cli_timed(trace(tmp_path), **{**args, **knobs})  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert (code, out, err.startswith(f"gputask simulate: {message}"), err.count("\n")) == (2, "", True, 1)

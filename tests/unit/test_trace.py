@@ -330,7 +330,7 @@ def test_a_process_pool_gives_the_same_summary_as_one_process(
     for jobs in (1, 2):
         simulate_command(folder, pods=["openb_pod_list_tiny.csv"], policies=None, seeds="1-3", output="json", jobs=jobs)
         outputs.append(json.loads(capsys.readouterr().out))
-    default = ["bestfit", "firstfit", "random", "packing"]
+    default = ["bestfit", "firstfit", "random", "bestfit-atc23", "fgd", "packing"]
     assert (outputs[0] == outputs[1], list(outputs[0]["policies"])) == (True, default)
 
 
@@ -372,3 +372,11 @@ def test_real_trace_has_the_papers_cluster_and_tunes_to_130_percent() -> None:
         8152,
         True,
     )
+
+
+def test_jobs_below_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--jobs 0 exits 2 with one line on stderr."""
+    folder = write_trace(tmp_path, [pod("p0", 1, 500)])
+    code = simulate_command(folder, pods=["openb_pod_list_tiny.csv"], policies=None, seeds="1", output="json", jobs=0)
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (2, "", "gputask simulate: --jobs must be 1 or more, not 0\n")

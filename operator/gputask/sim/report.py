@@ -67,7 +67,7 @@ def parse_seeds(text: str) -> list[int]:
 def resolve_policies(names: Sequence[str] | None) -> list[str]:
     """Policy names to run: the given ones (``all`` = every registered policy) or the defaults."""
     if not names:
-        names = ["bestfit", "firstfit", "random", DEFAULT_POLICY]
+        names = ["bestfit", "firstfit", "random", "bestfit-atc23", "fgd", DEFAULT_POLICY]
     if "all" in names:
         names = sorted(POLICIES)
     unknown = [n for n in names if n not in POLICIES]
@@ -305,6 +305,8 @@ def _simulate(
         raise UsageError(f"--output must be table or json, not {output!r}")
     if tie_break not in TIE_BREAKS:
         raise UsageError(f"--tie-break must be one of {', '.join(TIE_BREAKS)}, not {tie_break!r}")
+    if jobs < 1:
+        raise UsageError(f"--jobs must be 1 or more, not {jobs}")
     pods_files = list(dict.fromkeys(pods or [DEFAULT_PODS]))
     names, seed_list = resolve_policies(policies), parse_seeds(seeds)
     check_trace(trace_dir, pods_files)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import heapq
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,10 +242,19 @@ def cli_timed(trace_dir: Path, *, pods_file: str, policy: str, speedup: float, l
     from rich.console import Console
     from rich.table import Table
 
-    if not (trace_dir / NODE_LIST).is_file():
-        print(
-            f"gputask simulate: {trace_dir} holds no {NODE_LIST} (get alibaba/clusterdata cluster-trace-gpu-v2023/csv)"
-        )
+    from gputask.core.placement import POLICIES
+
+    problem = None
+    if output not in ("table", "json"):
+        problem = f"--output {output!r}: use table or json"
+    elif not speedup > 0:
+        problem = f"--speedup {speedup:g}: must be above 0 (arrival times are divided by it)"
+    elif policy not in POLICIES:
+        problem = f"unknown policy {policy!r} for --timed; known: {', '.join(sorted(POLICIES))}"
+    elif not (trace_dir / NODE_LIST).is_file():
+        problem = f"{trace_dir} holds no {NODE_LIST} (get alibaba/clusterdata cluster-trace-gpu-v2023/csv)"
+    if problem is not None:
+        print(f"gputask simulate: {problem}", file=sys.stderr)
         return 2
     try:
         results = {
@@ -252,7 +262,7 @@ def cli_timed(trace_dir: Path, *, pods_file: str, policy: str, speedup: float, l
             for mode in ("gputask", "fifo")
         }
     except TraceError as exc:
-        print(f"gputask simulate: {exc}")
+        print(f"gputask simulate: {exc}", file=sys.stderr)
         return 2
     doc = {"trace": pods_file, "speedup": speedup, "load": load, "policy": policy, "modes": results}
     if output == "json":
