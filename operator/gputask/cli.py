@@ -6,12 +6,16 @@ operator image need not carry matplotlib.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gputask.core.placement import DEFAULT_POLICY
+
+BIND_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+"""OSError numbers of a port that cannot be listened on: a one-line error, exit 2."""
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 scenario_app = typer.Typer(no_args_is_help=True, help="Deterministic what-if runs of the scheduler.")
@@ -118,7 +122,7 @@ def simulate(
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="Keep the emulator and operator running for kubectl.")] = False,
-    port: Annotated[int, typer.Option(help="Emulator port on 127.0.0.1 (0 = any free port).")] = 0,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Emulator port on 127.0.0.1 (0 = any free port).")] = 0,
     workdir: Annotated[Path, typer.Option(help="Where to write the kubeconfig.")] = Path(".demo"),
 ) -> None:
     """Run the real operator against the embedded API emulator and print the pinned Jobs."""
@@ -146,7 +150,9 @@ def run(
         str | None, typer.Option(help="kopf peering name (leaderElection in the config is preferred).")
     ] = None,
     liveness: Annotated[str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Serve Prometheus metrics on this port.")
+    ] = None,
 ) -> None:
     """Run the operator against a cluster."""
     import asyncio
@@ -160,13 +166,22 @@ def run(
     except ConfigError as exc:
         typer.echo(f"gputask: {exc}", err=True)
         raise typer.Exit(2) from None
+    if liveness is not None and not liveness.startswith(("http://", "https://")):
+        typer.echo(f"gputask run: --liveness {liveness!r}: give a URL such as http://0.0.0.0:8080/healthz", err=True)
+        raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         operator = build_operator(settings, kubeconfig=kubeconfig)
     except Exception as exc:  # kubernetes.config raises several types for a missing or broken kubeconfig
         typer.echo(f"gputask run: cannot load the Kubernetes configuration: {exc}", err=True)
         raise typer.Exit(2) from None
-    asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port))
+    try:
+        asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port))
+    except OSError as exc:
+        if exc.errno not in BIND_ERRORS:
+            raise
+        typer.echo(f"gputask run: cannot listen: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()

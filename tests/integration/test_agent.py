@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -165,3 +166,33 @@ async def test_agent_command_reports_and_exits_0_on_sigterm(cluster: Cluster) ->
         proc.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
     assert (proc.returncode, [g["uuid"] for g in obj["status"]["gpus"]]) == (0, [U0]), output.decode()
+
+
+async def test_agent_and_operator_commands_exit_2_on_a_taken_metrics_port(cluster: Cluster) -> None:
+    """`gputask agent` and `gputask run` on a port another process listens on: one line on stderr, exit 2."""
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    port = str(holder.getsockname()[1])
+    outcomes = []
+    try:
+        for args in (
+            ["agent", "--node-name", NODE, "--fake-gpus", "1x8Gi", "--metrics-port", port],
+            ["run", "--metrics-port", port],
+        ):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gputask.cli",
+                *args,
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+            last = err.decode().strip().splitlines()[-1]
+            outcomes.append((proc.returncode, last.split(":")[0], "in use" in last))
+    finally:
+        holder.close()
+    assert outcomes == [(2, "gputask agent", True), (2, "gputask run", True)]

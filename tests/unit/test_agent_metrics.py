@@ -139,3 +139,12 @@ def test_agent_command_without_nvml_exits_2(monkeypatch: pytest.MonkeyPatch) -> 
         2,
         "gputask agent: NVML could not initialise: Driver Not Loaded (is the NVIDIA driver installed?)\n",
     )
+
+
+def test_run_command_refuses_a_liveness_value_that_is_not_a_url() -> None:
+    """`gputask run --liveness garbage` exits 2 with one line, before touching any cluster."""
+    result = CliRunner().invoke(app, ["run", "--liveness", "garbage"])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "gputask run: --liveness 'garbage': give a URL such as http://0.0.0.0:8080/healthz\n",
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -79,6 +80,11 @@ def cli_agent(
     reporter = Reporter(client, probe, node, interval_s=interval_s, heartbeat_s=heartbeat_s)
     try:
         asyncio.run(_serve(reporter, metrics_port))
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            raise
+        print(f"gputask agent: cannot serve metrics on port {metrics_port}: {exc}", file=sys.stderr)
+        return 2
     finally:
         probe.close()
     return 0
