@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -70,6 +70,16 @@ class Config(BaseModel):
     lease_duration_s: Duration = Field(15.0, alias="leaseDuration", gt=0)
     lease_renew_s: Duration = Field(5.0, alias="leaseRenewInterval", gt=0)
 
+    @model_validator(mode="after")
+    def _renew_within_lease(self) -> Config:
+        """A leader that renews less often than its lease lasts loses it between renewals."""
+        if self.lease_renew_s >= self.lease_duration_s:
+            raise ValueError(
+                f"leaseRenewInterval ({self.lease_renew_s:g}s) must be shorter than leaseDuration "
+                f"({self.lease_duration_s:g}s)"
+            )
+        return self
+
     def public(self) -> dict[str, Any]:
         """The configuration as printed in outputs (aliases, seconds)."""
         return self.model_dump(by_alias=True)
@@ -92,7 +102,7 @@ def load_config(path: Path | None) -> Config:
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        lines = [": ".join(filter(None, (".".join(map(str, e["loc"])), e["msg"]))) for e in exc.errors()]
         raise ConfigError(f"{path}: invalid configuration:\n  " + "\n  ".join(lines)) from exc
     from gputask.core.placement import POLICIES
 

@@ -115,6 +115,10 @@ def test_parse_duration_reads_every_documented_form() -> None:
             INVALID + "cycleIntervall: Extra inputs are not permitted",
         ),
         ("- cycleInterval", "FILE: expected a mapping, got list"),
+        (
+            "leaseDuration: 5s\nleaseRenewInterval: 10s",
+            INVALID + "Value error, leaseRenewInterval (10s) must be shorter than leaseDuration (5s)",
+        ),
     ],
 )
 def test_an_invalid_field_is_a_config_error_naming_it(tmp_path: Path, text: str, message: str) -> None:
