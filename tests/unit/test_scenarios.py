@@ -672,3 +672,25 @@ def test_a_task_lost_across_a_restart_is_reported(monkeypatch: pytest.MonkeyPatc
         "at 30: task lost: default/job-1 runs on node-a but the scheduler does not hold it there",
         "at 30: task lost: default/job-2 runs on node-a but the scheduler does not hold it there",
     ]
+
+
+def test_cli_names_each_bad_file_once_on_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Broken YAML, non-UTF-8 bytes and a bad --config each give one line naming the file once."""
+    broken, binary, config, good = (tmp_path / n for n in ("broken.yaml", "binary.yaml", "cfg.yaml", "ok.yaml"))
+    broken.write_text("[1,2\n")
+    binary.write_bytes(b"\xff\xfe")
+    config.write_text("cycleInterval: x\n")
+    good.write_text(yaml.safe_dump(BASIC))
+    errors = []
+    for path, cfg in ((broken, None), (binary, None), (good, config)):
+        code = cli_run(path, output="json", policy="bestfit", plot=None, config=cfg)
+        errors.append((code, capsys.readouterr().err))
+    assert errors == [
+        (2, f"error: {broken}: not valid YAML: expected ',' or ']', but got '<stream end>' at line 2, column 1\n"),
+        (2, f"error: {binary}: not UTF-8 text: invalid start byte at byte 0\n"),
+        (
+            2,
+            f"error: {config}: invalid configuration: cycleInterval: Value error, not a duration: 'x' "
+            "(use e.g. 30s, 2m, 1h)\n",
+        ),
+    ]

@@ -448,9 +448,13 @@ def cli_run(file: Path, *, output: str, policy: str, plot: Path | None, config: 
     if plot is not None and (plot.suffix.lower() != ".png" or not plot.parent.is_dir()):
         return _fail(f"--plot {plot}: give a .png path in an existing folder")
     try:
+        settings = load_config(config)
+    except ConfigError as exc:  # names the configuration file itself
+        return _fail(str(exc))
+    try:
         scenario = load_scenario(file)
-        result = run_scenario(scenario, policy=policy, config=load_config(config))
-    except (ScenarioError, ConfigError) as exc:
+        result = run_scenario(scenario, policy=policy, config=settings)
+    except ScenarioError as exc:
         return _fail(f"{file}: {exc}")
     if output == "json":
         print(json.dumps(result, indent=2))
@@ -464,5 +468,10 @@ def cli_run(file: Path, *, output: str, policy: str, plot: Path | None, config: 
 
 
 def _fail(message: str) -> int:
-    print("error: " + "; ".join(message.splitlines()), file=sys.stderr)
+    """One line on stderr: the lines of ``message`` joined by '; ' (by ' ' after a line ending in ':')."""
+    text = ""
+    for line in (line.strip() for line in message.splitlines()):
+        if line:
+            text += (" " if text.endswith(":") else "; ") + line if text else line
+    print("error: " + text, file=sys.stderr)
     return 2

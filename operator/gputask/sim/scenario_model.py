@@ -239,8 +239,14 @@ def load_scenario(source: Path | Mapping[str, Any] | Scenario) -> Scenario:
     if isinstance(source, Path):
         try:
             raw = yaml.safe_load(source.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ScenarioError(f"{source}: {exc}") from None
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ScenarioError(f"not valid YAML: {exc.problem or exc.context}{where}") from None
+        except UnicodeDecodeError as exc:
+            raise ScenarioError(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+        except (OSError, yaml.YAMLError) as exc:
+            raise ScenarioError(str(exc)) from None
     if not isinstance(raw, Mapping):
         raise ScenarioError(f"expected a mapping at the top level, got {type(raw).__name__}")
     try:
