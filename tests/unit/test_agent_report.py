@@ -6,6 +6,7 @@ import asyncio
 import copy
 import datetime as dt
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,19 @@ async def test_missing_node_creates_without_owner_then_adopts() -> None:
         [("get", "nodes", NODE), ("get", "gpunodes", NODE), ("patch", "gpunodes", NODE)],
         {"name": NODE, "labels": LABELS, "resourceVersion": "1", "ownerReferences": [OWNER]},
     )
+
+
+async def test_a_missing_node_is_warned_about_once_until_it_appears(caplog: pytest.LogCaptureFixture) -> None:
+    """Three ticks without the Node log one warning, not three; the rest go to debug."""
+    client = RecordingClient(node=False)
+    reporter, _, clock = make(client)
+    with caplog.at_level(logging.DEBUG, logger="gputask.agent"):
+        for _ in range(3):
+            await reporter.tick()
+            clock.now += 10
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "not found" in r.getMessage()]
+    text = f"Node {NODE} not found; GPUNode without ownerReference for now"
+    assert said == [("WARNING", text), ("DEBUG", text), ("DEBUG", text)]
 
 
 async def test_existing_gpunode_is_reused_and_status_refreshed_at_start() -> None:

@@ -155,6 +155,7 @@ class Reporter:
         self._clock, self._wall_clock = clock, wall_clock
         self._exists = False
         self._owner_missing = False
+        self._node_missing_said = False
         self._last_sent: NodeReading | None = None
         self._last_sent_at: float | None = None
         self._last_probe_ok_at: float | None = None
@@ -247,8 +248,12 @@ class Reporter:
         try:
             node = await self.client.get(NODES, self.node_name)
         except NotFound:
-            log.warning("Node %s not found; GPUNode without ownerReference for now", self.node_name)
+            # Said once (at warning level) until the Node appears: the agent retries every tick.
+            level = logging.DEBUG if self._node_missing_said else logging.WARNING
+            log.log(level, "Node %s not found; GPUNode without ownerReference for now", self.node_name)
+            self._node_missing_said = True
             return None
+        self._node_missing_said = False
         return (node.get("metadata") or {}).get("uid") or None
 
     async def _get_own(self) -> dict[str, Any]:
