@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -147,4 +148,16 @@ def test_run_command_refuses_a_liveness_value_that_is_not_a_url() -> None:
     assert (result.exit_code, result.stderr) == (
         2,
         "gputask run: --liveness 'garbage': give a URL such as http://0.0.0.0:8080/healthz\n",
+    )
+
+
+@pytest.mark.parametrize("command", [["run"], ["agent", "--node-name", "n1", "--fake-gpus", "1x8Gi"]])
+def test_a_missing_kubeconfig_file_is_named_as_missing(tmp_path: Path, command: list[str]) -> None:
+    """`--kubeconfig` naming no file: exit 2, saying the file does not exist."""
+    missing = tmp_path / "nope"
+    result = CliRunner().invoke(app, [*command, "--kubeconfig", str(missing)])
+    name = command[0]
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"gputask {name}: cannot load the Kubernetes configuration: kubeconfig {missing}: no such file\n",
     )

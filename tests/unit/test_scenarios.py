@@ -450,6 +450,10 @@ def test_grace_period_comes_from_config() -> None:
             {"nodes": [node("node-a", "lots")]},
             "nodes[0].gpus[0].memory: 'lots' is not a quantity (Invalid number format: lots)",
         ),
+        (
+            {"nodes": [node("node-a", "24")]},
+            "nodes[0].gpus[0].memory: '24' is less than 1Mi (a bare number is bytes; write e.g. 24Gi)",
+        ),
         ({"colour": "blue"}, "colour: unknown field"),
         (
             {"events": [{"at": 0, "delete": {"name": "nobody"}}]},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,8 @@ def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
     """An ApiClient from ``kubeconfig``, else the in-cluster config, else ~/.kube/config."""
     configuration = k8s_client.Configuration()
     if kubeconfig:
+        if not os.path.isfile(os.path.expanduser(kubeconfig)):
+            raise k8s_config.ConfigException(f"kubeconfig {kubeconfig}: no such file")
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     else:
         try:

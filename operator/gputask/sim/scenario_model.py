@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
-from gputask.k8s.convert import queue_from_manifest, to_mib
+from gputask.k8s.convert import MIB, quantity, queue_from_manifest, to_mib
 
 EVENT_KINDS = ("submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "restartOperator")
 
@@ -334,8 +334,13 @@ def core_nodes(scenario: Scenario) -> list[Node]:
     for i, spec in enumerate(scenario.nodes):
         gpus = []
         for j, gpu in enumerate(spec.gpus):
+            field = f"nodes[{i}].gpus[{j}].memory"
             try:
-                memory = to_mib(gpu.memory, field=f"nodes[{i}].gpus[{j}].memory")
+                memory = to_mib(gpu.memory, field=field)
+                if quantity(gpu.memory, field=field) < MIB:
+                    raise ValueError(
+                        f"{field}: {gpu.memory!r} is less than 1Mi (a bare number is bytes; write e.g. 24Gi)"
+                    )
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
             gpus.append(Gpu(j, f"GPU-{spec.name}-{j}", gpu.product.replace(" ", "-"), memory))
