@@ -31,7 +31,8 @@ Tried and dropped (trace benchmark, seeds 42..51 or 42..44): best fit, worst fit
 small-nodes-first among ties, least free share among a node's equally scored GPUs (all within
 noise of name order), linear growth buckets, counting every shape (not only the 95% most
 popular), host memory in the shapes (multigpu50 2.85 but default 4.65), pressure steps of 0.25
-or 0.5 (gpuspec20 and gpuspec33 worse), a per-copy weight falling linearly with the multi-GPU
+or 0.5 (gpuspec20 and gpuspec33 worse), pressure counted only from 0.5 or 1.0 up (gpuspec20
+5.66 / 5.86, gpuspec33 6.67 / 12.26, against 5.45 / 5.58), a per-copy weight falling linearly with the multi-GPU
 share (default 4.59-4.61: the weight's effect is not monotonic), pressure per node type instead
 of product (much worse: strict order between near-equal types).
 
