@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -132,6 +133,20 @@ async def add_ready_node(cluster: Cluster, name: str) -> dict[str, Any]:
         NODES, name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, status=True
     )
     return stored
+
+
+async def gputask_command(cluster: Cluster, *args: str, stdout: int, stderr: int) -> asyncio.subprocess.Process:
+    """Start ``gputask ARGS --kubeconfig <the emulator's>`` as a process (this interpreter)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gputask.cli",
+        *args,
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        stdout=stdout,
+        stderr=stderr,
+    )
 
 
 @contextlib.asynccontextmanager

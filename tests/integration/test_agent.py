@@ -7,14 +7,13 @@ import contextlib
 import json
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 from gputask.agent import FakeProbe, GpuReading, NodeReading, fake_uuid
 from gputask.agent.report import Reporter
 from gputask.k8s.client import GPUNODES, JOBS, NotFound
-from harness import Cluster, add_ready_node, eventually, gputask, running_operator
+from harness import Cluster, add_ready_node, eventually, gputask, gputask_command, running_operator
 
 NODE = "gpu-node-1"
 U0, U1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
@@ -149,16 +148,8 @@ async def test_agent_command_reports_and_exits_0_on_sigterm(cluster: Cluster) ->
     """`gputask agent --fake-gpus` as a process writes the GPUNode and exits 0 on SIGTERM."""
     await add_ready_node(cluster, NODE)
     args = ["--node-name", NODE, "--fake-gpus", "1x8Gi", "--interval", "100ms", "--metrics-port", "0"]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gputask.cli",
-        "agent",
-        *args,
-        "--kubeconfig",
-        str(cluster.kubeconfig),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    proc = await gputask_command(
+        cluster, "agent", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     try:
         obj = await eventually(lambda: gpunode_with(cluster, lambda s: bool(s.get("gpus"))), timeout_s=30)
@@ -180,15 +171,8 @@ async def test_agent_and_operator_commands_exit_2_on_a_taken_metrics_port(cluste
             ["agent", "--node-name", NODE, "--fake-gpus", "1x8Gi", "--metrics-port", port],
             ["run", "--metrics-port", port],
         ):
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "gputask.cli",
-                *args,
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
+            proc = await gputask_command(
+                cluster, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
             )
             _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
             last = err.decode().strip().splitlines()[-1]

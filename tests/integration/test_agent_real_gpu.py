@@ -29,7 +29,7 @@ import pytest
 from gputask.agent import NvmlProbe, ProbeUnavailable
 from gputask.agent.probe import product_name
 from gputask.k8s.client import GPUNODES, JOBS, NotFound
-from harness import Cluster, add_ready_node, eventually, gputask, running_operator
+from harness import Cluster, add_ready_node, eventually, gputask, gputask_command, running_operator
 
 NODE = "gpu-node-real"
 
@@ -146,16 +146,8 @@ def test_memory_another_process_holds_shows_in_the_reading_and_goes_away(real_gp
 @contextlib.asynccontextmanager
 async def agent_process(cluster: Cluster) -> AsyncIterator[None]:
     """``gputask agent`` on the real GPUs (no --fake-gpus) against the emulator, stopped with SIGTERM."""
-    args = ["--node-name", NODE, "--interval", "200ms", "--metrics-port", "0", "--kubeconfig", str(cluster.kubeconfig)]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gputask.cli",
-        "agent",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+    args = ["agent", "--node-name", NODE, "--interval", "200ms", "--metrics-port", "0"]
+    proc = await gputask_command(cluster, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         yield
     finally:

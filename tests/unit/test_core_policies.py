@@ -11,7 +11,7 @@ from test_core_placement_index import build, nodes_st, plain_search, tasks_st, t
 
 from gputask.core import ClusterState, Gpu, GpuRequest, GpuSlot, Node, NodeName, Placement, Task, TaskKey, make_policy
 from gputask.core.cluster import NodeState
-from gputask.core.placement import BestFit, find_placement
+from gputask.core.placement import BestFit, Policy, find_placement
 from gputask.core.policies import FGD, BestFitAtc23, Packing, TargetWorkload, TaskShape
 from gputask.core.policies.fgd import framework_score
 from gputask.core.policies.fragmentation import Fragmentation
@@ -142,9 +142,10 @@ def test_quota_is_asked_once_per_set_of_picked_gpu_sizes() -> None:
     )
 
 
-def _replay(policy_name: str, nodes: list[Node], tasks: Sequence[Task]) -> list[Placement | None]:
+def _replay(policy: str | Policy, nodes: list[Node], tasks: Sequence[Task]) -> list[Placement | None]:
+    """Place ``tasks`` one by one on a fresh cluster (a policy name or object); the placements."""
     cluster = ClusterState(nodes)
-    policy = make_policy(policy_name)
+    policy = make_policy(policy) if isinstance(policy, str) else policy
     out = []
     for t in tasks:
         placement = find_placement(cluster, t, policy).placement
@@ -230,12 +231,5 @@ def test_packing_places_as_fgd_without_product_restrictions_and_with_multi_gpu_h
     placed = []
     for policy in (FGD(), Packing()):
         policy.set_workload(target)
-        cluster = ClusterState(built)
-        out = []
-        for t in work:
-            placement = find_placement(cluster, t, policy).placement
-            out.append(placement)
-            if placement is not None:
-                cluster.reserve(t, placement)
-        placed.append(out)
+        placed.append(_replay(policy, built, work))
     assert placed[0] == placed[1]
