@@ -277,8 +277,12 @@ async def test_kueue_mode_answers_a_reserved_workload_with_pod_set_updates(clust
         async def ready() -> dict[str, Any] | None:
             return await check_of(cluster, name, "Ready")
 
+        async def placed() -> dict[str, Any] | None:  # the status write may land after the check's
+            task = await cluster.task("train")
+            return task if (task.get("status") or {}).get("placement") else None
+
         check = await eventually(ready)
-        task = await cluster.task("train")
+        task = await eventually(placed)
     placement = '{"node":"node-a","uuids":["GPU-big"],"indices":[1],"memoryMiB":[10240]}'
     assert check == {
         "name": "gputask-placement",
