@@ -103,6 +103,9 @@ class FGD(TargetFollower):
     def __init__(
         self, *, quantize: bool = True, follow_recent: bool = False, copies_weight: float | None = 0.0
     ) -> None:
+        """``copies_weight``: share of the per-copy refinement in the fragmentation (0, the default,
+        is the paper's FGD; :class:`~gputask.core.policies.packing.Packing` passes None to let
+        :meth:`copies_weight_for` decide per target workload)."""
         super().__init__(follow_recent=follow_recent, copies_weight=copies_weight)
         self.quantize = quantize
         self._last: tuple[NodeState, Task, tuple[int, ...], float] | None = None
