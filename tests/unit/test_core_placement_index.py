@@ -251,8 +251,8 @@ def to_task(i: int, spec: tuple[int, str, int, int, int, tuple[str, ...]]) -> Ta
     )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nodes_st, tasks_st, st.sampled_from(["bestfit", "firstfit"]))
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes_st, tasks_st, st.sampled_from(["bestfit", "firstfit", "fgd", "packing", "bestfit-atc23"]))
 def test_deterministic_policies_place_exactly_as_the_plain_search(nodes: list, tasks: list, name: str) -> None:
     """Task after task, the indexed search returns the plain search's outcome (placements then reserved)."""
     cluster = ClusterState(build(nodes))

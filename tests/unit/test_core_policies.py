@@ -171,22 +171,6 @@ def test_new_policies_never_refuse_a_fit_and_are_deterministic(nodes: list, task
     assert (all(agree), _replay(name, build(nodes), specs) == _replay(name, build(nodes), specs)) == (True, True)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nodes_st, tasks_st, st.sampled_from(["fgd", "packing", "bestfit-atc23"]))
-def test_new_policies_place_exactly_as_the_plain_search(nodes: list, tasks: list, name: str) -> None:
-    """The board search returns the plain scan's outcome for the new policies too."""
-    cluster = ClusterState(build(nodes))
-    policy = make_policy(name)
-    got, want = [], []
-    for i, spec in enumerate(tasks):
-        t = to_task(i, spec)
-        got.append(find_placement(cluster, t, policy))
-        want.append(plain_search(cluster, t, policy))
-        if got[-1].placement is not None:
-            cluster.reserve(t, got[-1].placement)
-    assert got == want
-
-
 def test_default_target_sums_to_one_and_a_fresh_policy_places_as_a_used_one() -> None:
     """Without a fixed workload, placement depends only on the cluster's state: a policy that placed
     earlier tasks and a fresh one (an operator after a restart) choose the same node for the next."""
