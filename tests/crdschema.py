@@ -1,14 +1,16 @@
 """Test helpers for the CRDs in ``crds/``: load them, check them, validate objects against them.
 
-No kube-apiserver runs here, so two of its checks are redone in Python:
-- :func:`structural_problems` walks an openAPIV3Schema with the apiextensions rules for a
-  structural schema (k8s.io/apiextensions-apiserver, pkg/apiserver/schema/validation.go) plus
-  the CRD rules for list-type map keys and the project's own rule that every field is described;
-- :func:`validator_for` turns the schema into a JSON Schema (Draft 7) validator. The x-kubernetes
+No kube-apiserver runs here, so its checks are redone in Python:
+- :mod:`gputask.testing.crdrules` holds the API server's CRD validation rules (structural schema,
+  extensions, list types, printer columns), also used by the emulator to refuse bad CRDs;
+- this module adds what needs libraries the emulator does without: ``pattern`` compiled as RE2
+  (Go's regexp syntax, ``google-re2``), CEL rules compiled and evaluated (``cel-python``), and
+  printer-column JSONPaths parsed (``jsonpath-ng``);
+- :func:`validator_for` turns a schema into a JSON Schema (Draft 7) validator. The x-kubernetes
   extensions are unknown keywords to jsonschema; two are translated so the validator is not looser
   than the API server: int-or-string becomes ``type: [integer, string]``, and objects with
   ``properties`` reject unknown fields (what ``kubectl apply``'s strict field validation does).
-  CEL rules (``x-kubernetes-validations``) are not evaluated.
+  CEL rules are evaluated separately (:func:`rule_failures`).
 """
 
 from __future__ import annotations
@@ -17,18 +19,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import celpy
 import jsonschema
+import re2
 import yaml
+from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
+from jsonpath_ng.ext import parse as parse_jsonpath
+
+from gputask.testing import crdrules
 
 Schema = dict[str, Any]
-
-JUNCTORS = ("allOf", "anyOf", "oneOf", "not")
-# Keys the API server forbids inside a junctor (validateNestedValueValidation).
-FORBIDDEN_IN_JUNCTOR = frozenset(
-    {"type", "description", "title", "default", "nullable", "additionalProperties"}
-)
-INT_OR_STRING_ANY_OF = [{"type": "integer"}, {"type": "string"}]
-
 
 def load_crds(directory: Path) -> dict[str, dict[str, Any]]:
     """Every CRD in ``directory`` (``*.yaml``), by the kind it defines."""
@@ -90,91 +90,103 @@ def walk(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
         yield from walk(schema["additionalProperties"], f"{path}{{}}")
 
 
-def structural_problems(schema: Schema) -> list[str]:
-    """What makes ``schema`` non-structural or an invalid CRD schema; empty when it is fine."""
-    problems: list[str] = []
-    for path, node in walk(schema):
-        problems += [f"{path or '<root>'}: {p}" for p in _node_problems(node)]
-        for junctor, nested in _junctor_nodes(node):
-            problems += [f"{path}.{junctor}: {p}" for p in _nested_problems(nested, node)]
-    if schema.get("type") != "object":
-        problems.append("<root>: type must be object")
-    if "additionalProperties" in schema:
-        problems.append("<root>: additionalProperties must not be used at the root")
-    metadata = schema.get("properties", {}).get("metadata", {})
-    if set(metadata.get("properties", {})) - {"name", "generateName"}:
-        problems.append(".metadata: only name and generateName may be specified")
-    return problems
-
-
-def _node_problems(node: Schema) -> list[str]:
-    """Structural problems of one node outside junctors."""
-    problems = []
-    exempt = node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
-    if "type" not in node and not exempt:
-        problems.append("type must not be empty")
-    if node.get("x-kubernetes-int-or-string") and "type" in node:
-        problems.append("type must be empty with x-kubernetes-int-or-string")
-    if node.get("type") == "array" and "items" not in node:
-        problems.append("items must be specified for an array")
-    if "properties" in node and "additionalProperties" in node:
-        problems.append("properties and additionalProperties are mutually exclusive")
-    if node.get("x-kubernetes-embedded-resource") and node.get("type") != "object":
-        problems.append("x-kubernetes-embedded-resource needs type object")
-    return problems + _list_map_problems(node)
-
-
-def _list_map_problems(node: Schema) -> list[str]:
-    """List-type map rules: object items whose keys are scalar and required or defaulted."""
-    if node.get("x-kubernetes-list-type") != "map":
-        return []
-    items = node.get("items", {})
-    keys = node.get("x-kubernetes-list-map-keys", [])
-    if items.get("type") != "object" or not keys:
-        return ["list-type map needs object items and list-map-keys"]
-    props = items.get("properties", {})
-    return [
-        f"list-map key {key} must be a required or defaulted scalar field"
-        for key in keys
-        if props.get(key, {}).get("type") not in ("string", "integer", "boolean")
-        or (key not in items.get("required", []) and "default" not in props[key])
-    ]
-
-
-def _junctor_nodes(node: Schema) -> Iterator[tuple[str, Schema]]:
-    """The value validations under allOf/anyOf/oneOf/not of one node, except int-or-string's anyOf."""
-    for junctor in JUNCTORS:
-        value = node.get(junctor)
-        if value is None or (junctor == "anyOf" and value == INT_OR_STRING_ANY_OF):
-            continue
-        for index, nested in enumerate(value if isinstance(value, list) else [value]):
-            yield f"{junctor}[{index}]", nested
-
-
-def _nested_problems(nested: Schema, outer: Schema) -> list[str]:
-    """Problems of a value validation under a junctor; ``outer`` is the node it constrains."""
-    forbidden = [
-        key for key in sorted(nested) if key in FORBIDDEN_IN_JUNCTOR or key.startswith("x-kubernetes-")
-    ]
-    problems = [f"{key} is forbidden in a junctor" for key in forbidden]
-    outer_props = outer.get("properties", {})
-    for name, sub in nested.get("properties", {}).items():
-        if name not in outer_props:
-            problems.append(f"property {name} is not specified outside the junctor")
-        else:
-            problems += [f"{name}: {p}" for p in _nested_problems(sub, outer_props[name])]
-    if "items" in nested:
-        problems += [f"[]: {p}" for p in _nested_problems(nested["items"], outer.get("items", {}))]
-    for junctor, deeper in _junctor_nodes(nested):
-        problems += [f"{junctor}: {p}" for p in _nested_problems(deeper, outer)]
-    return problems
-
-
 def undocumented_fields(schema: Schema) -> list[str]:
-    """Paths of schema nodes (fields, items, map values) without a description."""
-    return [path or "<root>" for path, node in walk(schema) if not node.get("description")]
+    """Paths of schema nodes (fields, items, map values) without a description.
+
+    The root ``metadata`` is exempt: the API server forbids anything on it but ``type``.
+    """
+    return [path or "<root>" for path, node in walk(schema) if not node.get("description") and path != ".metadata"]
 
 
 def defaults(schema: Schema) -> list[tuple[str, Schema]]:
     """Every (path, node) that declares a default."""
     return [(path, node) for path, node in walk(schema) if "default" in node]
+
+
+def api_server_problems(crd: Mapping[str, Any]) -> list[str]:
+    """What kube-apiserver refuses in ``crd``, plus RE2 patterns, CEL syntax and printer-column paths."""
+    problems = [str(e) for e in crdrules.crd_problems(crd)]
+    for version in crd["spec"]["versions"]:
+        schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+        problems += pattern_problems(schema) + cel_problems(schema)
+        problems += column_path_problems(version.get("additionalPrinterColumns") or [])
+    return problems
+
+
+def all_nodes(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
+    """Every schema node, junctors included, as (path, node)."""
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from all_nodes(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(schema.get(key), dict):
+            yield from all_nodes(schema[key], f"{path}.{key}")
+    for key in ("allOf", "anyOf", "oneOf"):
+        for i, sub in enumerate(schema.get(key) or []):
+            yield from all_nodes(sub, f"{path}.{key}[{i}]")
+
+
+def pattern_problems(schema: Schema) -> list[str]:
+    """Patterns Go's regexp (RE2) cannot compile: the API server refuses the CRD for them."""
+    out = []
+    for path, node in all_nodes(schema):
+        if "pattern" in node:
+            try:
+                re2.compile(node["pattern"])
+            except re2.error as exc:
+                out.append(f"{path or '<root>'}.pattern: must be a valid regular expression, but isn't: {exc}")
+    return out
+
+
+def cel_problems(schema: Schema) -> list[str]:
+    """CEL rules that do not compile."""
+    out = []
+    for path, node in all_nodes(schema):
+        for i, rule in enumerate(node.get("x-kubernetes-validations") or []):
+            try:
+                CEL.compile(rule["rule"])
+            except celpy.CELParseError as exc:
+                out.append(f"{path or '<root>'}.x-kubernetes-validations[{i}].rule: compilation failed: {exc}")
+    return out
+
+
+CEL = celpy.Environment()
+
+
+def rule_failures(node: Schema, value: Any) -> list[str]:
+    """Messages of the CEL rules of ``node`` that ``value`` (the value at that node) breaks."""
+    failures = []
+    for rule in node.get("x-kubernetes-validations") or []:
+        program = CEL.program(CEL.compile(rule["rule"]))
+        result = program.evaluate({"self": celpy.json_to_cel(value)})
+        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            failures.append(rule.get("message") or rule["rule"])
+    return failures
+
+
+def column_path_problems(columns: list[Mapping[str, Any]]) -> list[str]:
+    """Printer-column JSONPaths the table printer cannot parse, or that match several values.
+
+    The API server prints only the first value a path matches (``.status.gpus[*].product`` shows
+    one GPU of many), so a column path must name one value: no ``[*]``, ``..`` or slices.
+    """
+    out = []
+    for column in columns:
+        path = str(column.get("jsonPath") or "")
+        try:
+            parse_jsonpath("$" + path)
+        except (JsonPathLexerError, JsonPathParserError) as exc:
+            out.append(f"column {column.get('name')}: JSONPath {path!r} does not parse: {exc}")
+            continue
+        if "[*]" in path or ".." in path or ":" in path.split("[?")[0]:
+            out.append(f"column {column.get('name')}: JSONPath {path!r} matches several values; only the first prints")
+    return out
+
+
+def column_values(columns: list[Mapping[str, Any]], obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What each printer column shows for ``obj`` (the first match, None when nothing matches)."""
+    out = {}
+    for column in columns:
+        found = parse_jsonpath("$" + column["jsonPath"]).find(obj)
+        out[column["name"]] = found[0].value if found else None
+    return out

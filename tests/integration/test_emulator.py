@@ -17,6 +17,7 @@ import aiohttp
 import kopf
 import kubernetes
 import pytest
+import yaml
 
 from gputask.testing import EmulatorServer, kopf_login
 
@@ -452,3 +453,24 @@ async def test_a_real_kopf_operator_works_against_the_emulator(server: EmulatorS
         stop_flag.set()
         await asyncio.wait_for(operator, 10)
     assert not server.emulator.errors  # no emulator failures (500s) on the way
+
+
+async def test_crd_create_is_refused_as_the_api_server_refuses_it(server: EmulatorServer,
+                                                                  api: aiohttp.ClientSession) -> None:
+    """A CRD breaking the API server's rules gets its 422 (message, reason, causes); crds/ is created."""
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    broken = yaml.safe_load((REPO / "crds" / "gputask.io_gputasks.yaml").read_text())
+    schema = broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["metadata"]["description"] = "Standard object metadata."
+    status, body = await call(api, "POST", path, broken)
+    files = sorted((REPO / "crds").glob("*.yaml"))
+    created = [(await call(api, "POST", path, yaml.safe_load(p.read_text())))[0] for p in files]
+    field = "spec.validation.openAPIV3Schema.properties[metadata]"
+    why = "Forbidden: must not specify anything other than name and generateName, but metadata is implicitly specified"
+    assert (status, body["reason"], body["message"], body["details"]["causes"], created) == (
+        422,
+        "Invalid",
+        f'CustomResourceDefinition.apiextensions.k8s.io "gputasks.gputask.io" is invalid: {field}: {why}',
+        [{"reason": "FieldValueForbidden", "message": why, "field": field}],
+        [201, 201, 201],
+    )

@@ -76,47 +76,13 @@ def test_crd_files_define_the_three_kinds_as_v1alpha1_with_status_subresources()
     }  # fmt: skip
 
 
-def test_crd_schemas_are_structural_and_fully_described() -> None:
-    """Every CRD schema passes the structural-schema walk and describes every field."""
-    problems = {
-        kind: crdschema.structural_problems(crdschema.openapi_schema(crd))
-        + [f"{path}: no description" for path in crdschema.undocumented_fields(crdschema.openapi_schema(crd))]
-        for kind, crd in CRDS.items()
-    }
-    assert problems == {"GPUTask": [], "GPUClusterQueue": [], "GPUNode": []}
+def test_crd_schemas_describe_every_field() -> None:
+    """Every field, item and map value of every CRD schema has a description (the root metadata may not have one).
 
-
-def test_structural_walk_reports_what_the_api_server_rejects() -> None:
-    """The structural walk flags missing types, junctor generics, unknown junctor fields and map keys."""
-    schema = {
-        "type": "object",
-        "description": "root",
-        "properties": {
-            "spec": {
-                "description": "spec",
-                "properties": {"a": {"description": "a", "type": "string"}},
-                "additionalProperties": {"type": "string", "description": "value"},
-                "not": {"type": "object", "description": "x", "properties": {"b": {}}},
-            },
-            "list": {
-                "type": "array",
-                "description": "list",
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["name"],
-                "items": {"type": "object", "properties": {"name": {"type": "string"}}},
-            },
-        },
-    }
-    assert crdschema.structural_problems(schema) + crdschema.undocumented_fields(schema) == [
-        ".spec: type must not be empty",
-        ".spec: properties and additionalProperties are mutually exclusive",
-        ".spec.not[0]: description is forbidden in a junctor",
-        ".spec.not[0]: type is forbidden in a junctor",
-        ".spec.not[0]: property b is not specified outside the junctor",
-        ".list: list-map key name must be a required or defaulted scalar field",
-        ".list[]",
-        ".list[].name",
-    ]
+    Whether the API server accepts the CRDs is tests/unit/test_crd_rules.py's question.
+    """
+    undocumented = {kind: crdschema.undocumented_fields(crdschema.openapi_schema(crd)) for kind, crd in CRDS.items()}
+    assert undocumented == {"GPUTask": [], "GPUClusterQueue": [], "GPUNode": []}
 
 
 def test_crd_defaults_validate_against_their_own_schema() -> None:

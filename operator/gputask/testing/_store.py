@@ -29,6 +29,7 @@ from gputask.testing._resources import (
     crd_versions,
     group_version,
 )
+from gputask.testing.crdrules import FieldError, aggregate, crd_problems
 
 Obj = dict[str, Any]
 Key = tuple[resource, str | None, str]
@@ -86,9 +87,22 @@ def conflict(
     return error(409, "Conflict", message, res, name)
 
 
-def invalid(res: resource, name: str | None, why: str) -> KubernetesError:
-    """422 Invalid."""
-    return error(422, "Invalid", f'{_qualified(res)} "{name}" is invalid: {why}', res, name)
+def _qualified_kind(res: resource, kind: str) -> str:
+    return f"{kind}.{res.group}" if res.group else kind
+
+
+def invalid(res: resource, name: str | None, why: str, *, kind: str) -> KubernetesError:
+    """422 Invalid, named by kind as the API server names it (``Job.batch "x" is invalid: ...``)."""
+    message = f'{_qualified_kind(res, kind)} "{name}" is invalid: {why}'
+    return KubernetesError(status=422, reason="Invalid", message=message, details={"name": name, "group": res.group,
+                                                                                  "kind": kind})
+
+
+def rejected(res: resource, name: str | None, errors: list[FieldError], *, kind: str) -> KubernetesError:
+    """422 Invalid for field errors: the message joins them, ``details.causes`` lists each, as the API server does."""
+    exc = invalid(res, name, aggregate(errors), kind=kind)
+    exc.details["causes"] = [{"reason": e.cause_reason, "message": e.body, "field": e.field} for e in errors]
+    return exc
 
 
 def bad_request(message: str) -> KubernetesError:
@@ -187,6 +201,7 @@ class Store:
                 name,
                 f"metadata.name: Invalid value: {name!r}: must be a lowercase "
                 "RFC 1123 subdomain (or set metadata.generateName)",
+                kind=info.kind,
             )
         key: Key = (res, namespace if info.namespaced else None, name)
         if self.live(key) is not None:
@@ -242,6 +257,7 @@ class Store:
                 key[2],
                 "metadata.finalizers: Forbidden: no new finalizers can be "
                 "added if the object is being deleted",
+                kind=info.kind,
             )
         if res == CRD_RESOURCE and subresource is None:
             self._install(new)
@@ -359,10 +375,13 @@ class Store:
 
     def _install(self, crd: Obj) -> None:
         name = str(crd["metadata"].get("name"))
+        problems = crd_problems(crd)
+        if problems:
+            raise rejected(CRD_RESOURCE, name, problems, kind="CustomResourceDefinition")
         try:
             versions = crd_versions(crd)
         except InvalidCRD as e:
-            raise invalid(CRD_RESOURCE, name, str(e)) from None
+            raise invalid(CRD_RESOURCE, name, str(e), kind="CustomResourceDefinition") from None
         for res in self._crd_served.pop(name, []):
             if res not in [v.res for v in versions]:
                 del self.resources[res]

@@ -322,9 +322,9 @@ class GpuTaskEmulator(KubernetesEmulator):
         except _patches.PatchFormatError as e:
             raise bad_request(str(e)) from None
         except _patches.PatchError as e:
-            raise invalid(res, key[2], str(e)) from None
+            raise invalid(res, key[2], str(e), kind=info.kind) from None
         if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
-            raise invalid(res, key[2], "the patched object is not an object with metadata")
+            raise invalid(res, key[2], "the patched object is not an object with metadata", kind=info.kind)
         return Response(
             status=200, payload=self.store.update(res, info, key, current, patched, request.subresource)
         )
