@@ -92,14 +92,13 @@ submit = st.tuples(st.just("submit"), st.tuples(requests(), st.sampled_from(QUEU
 churn = st.one_of(
     st.tuples(st.just("cycle"), st.none()),
     st.tuples(st.just("finish"), st.integers(0, 1000)),
-    st.tuples(st.just("evict"), st.integers(0, 1000)),
-    st.tuples(st.just("unadmit"), st.integers(0, 1000)),
+    st.tuples(st.just("requeue"), st.integers(0, 1000)),
 )
 
 
 @st.composite
 def streams(draw: st.DrawFn) -> list[Op]:
-    """Rounds of a few submissions, a cycle, then some churn (cycles, finishes, evictions, unadmits).
+    """Rounds of a few submissions, a cycle, then some churn (cycles, finishes, requeues).
 
     Built in rounds rather than as one flat list so that most examples fill the cluster and
     quota before they churn it (a flat list of ops is mostly short and mostly idle).
@@ -169,14 +168,11 @@ def _apply(run: Run, kind: str, arg: Any) -> None:
             key = alive[arg % len(alive)]
             s.finish(key)
             run.finished.add(key)
-    else:  # evict or unadmit a running task
+    else:  # requeue a running task (an eviction, or an admission undone)
         running = sorted(s.running)
         if running:
             key = running[arg % len(running)]
-            if kind == "evict":
-                s.evict(key)
-            else:
-                s.unadmit(key)
+            s.requeue(key)
 
 
 def held_mib(s: Scheduler) -> dict[tuple[str, int], int]:

@@ -208,8 +208,8 @@ def test_violations_report_overcommit_and_shared_exclusive_gpus_from_force_reser
     cluster = ClusterState([node("a", 16, 16)])
     clean = cluster.violations()
     cluster.reserve(task("whole"), placed("a", (0, 16 * GIB)))
-    cluster.force_reserve(task("intruder", memory_gib=4), placed("a", (0, 4 * GIB)))
-    cluster.force_reserve(task("big", memory_gib=20), placed("a", (1, 20 * GIB)))
+    cluster.reserve(task("intruder", memory_gib=4), placed("a", (0, 4 * GIB)), force=True)
+    cluster.reserve(task("big", memory_gib=20), placed("a", (1, 20 * GIB)), force=True)
     assert (clean, cluster.violations()) == (
         [],
         [

@@ -182,7 +182,7 @@ def test_default_target_sums_to_one_and_a_fresh_policy_places_as_a_used_one() ->
         used_cluster.reserve(t, placement)
     fresh_cluster = ClusterState([node(n, 4) for n in "abc"])
     for reservation in used_cluster.reservations().values():
-        fresh_cluster.force_reserve(reservation.task, reservation.placement)
+        fresh_cluster.reserve(reservation.task, reservation.placement, force=True)
     following = task("next", GpuRequest(1, fraction_milli=300))
     assert (
         round(sum(p for _, p in DEFAULT_TARGET.shapes), 9),

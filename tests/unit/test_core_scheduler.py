@@ -346,12 +346,12 @@ def test_a_pending_reason_is_emitted_once_and_again_only_when_it_changes() -> No
 
 
 def test_an_evicted_task_keeps_its_creation_time_and_goes_ahead_of_newer_work() -> None:
-    """Evict releases the GPU and requeues the task in its old place, ahead of a newer waiting task."""
+    """Requeue releases the GPU and queues the task in its old place, ahead of a newer waiting task."""
     old, new = task("old", created=1), task("new", created=5)
     s = scheduler([node("a", 16)], [queue(gpu=ResourceQuota(1000))], [old, new])
     s.cycle()
-    evicted = s.evict(old.key)
-    assert (evicted, s.evict(TaskKey("ns/ghost")), dict(s.quotas.usage["q"]), s.cycle()) == (
+    evicted = s.requeue(old.key)
+    assert (evicted, s.requeue(TaskKey("ns/ghost")), dict(s.quotas.usage["q"]), s.cycle()) == (
         old,
         None,
         usage(0, 0),
@@ -359,12 +359,12 @@ def test_an_evicted_task_keeps_its_creation_time_and_goes_ahead_of_newer_work() 
     )
 
 
-def test_unadmit_undoes_an_admission_and_the_task_is_admitted_again_next_cycle() -> None:
-    """After a failed API write, unadmit releases GPU and quota and the next cycle re-admits."""
+def test_requeue_undoes_an_admission_and_the_task_is_admitted_again_next_cycle() -> None:
+    """After a failed API write, requeue releases GPU and quota and the next cycle re-admits."""
     t = task("t")
     s = scheduler([node("a", 16)], [queue(gpu=ResourceQuota(1000))], [t])
     first = s.cycle()
-    s.unadmit(t.key)
+    s.requeue(t.key)
     undone = (
         s.placement_of(t.key),
         t.key in s.pending,
@@ -472,7 +472,7 @@ def _run(policy: str) -> list[list[object]]:
         if i % 4 == 3:
             s.finish(TaskKey(f"ns/t{i - 2}"))
         if i % 5 == 4:
-            s.evict(TaskKey(f"ns/t{i - 4}"))
+            s.requeue(TaskKey(f"ns/t{i - 4}"))
     return out
 
 

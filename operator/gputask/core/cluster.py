@@ -300,53 +300,43 @@ class ClusterState:
         return len(self._nodes)
 
     # -- reservations --------------------------------------------------------------------
-    def reserve(self, task: Task, placement: Placement) -> None:
+    def reserve(self, task: Task, placement: Placement, *, force: bool = False) -> None:
         """Reserve ``placement`` for ``task``.
 
         Raises OverCommitError when the task is already reserved, a GPU is unknown,
         unhealthy, exclusively held, or would exceed its memory; nothing changes then.
+        With ``force`` an existing placement (rebuilt after a restart, or a departing workload)
+        is recorded even if it over-commits, and a task already reserved is left as it is: the
+        API is the truth, and refusing it would forget work that runs. Over-commit then shows in
+        :meth:`violations`; a slot counts only on the very GPU (index and uuid) it names.
         """
         if task.key in self._reservations:
+            if force:
+                return
             raise OverCommitError(f"{task.key} is already reserved")
         state = self.node(placement.node)
         exclusive = task.request.exclusive
-        positions = self._check_fits(state, placement, exclusive)
-        for pos, slot in zip(positions, placement.gpus, strict=True):
+        positions = self._known(state, placement) if force else self._check_fits(state, placement, exclusive)
+        for pos, slot in positions:
             state.reserved_mib[pos] += slot.memory_mib
-            state.exclusive[pos] = exclusive
+            state.exclusive[pos] = state.exclusive[pos] or exclusive
         state.cpu_used += task.cpu_milli
         state.memory_used_mib += task.memory_mib
         state.tasks[task.key] = placement
         self._reservations[task.key] = Reservation(task, placement, exclusive)
         self._touched(state)
 
-    def force_reserve(self, task: Task, placement: Placement) -> None:
-        """Record an existing placement (rebuilt after a restart) even if it over-commits.
+    @staticmethod
+    def _known(state: NodeState, placement: Placement) -> list[tuple[int, GpuSlot]]:
+        """(position, slot) of the slots that name a GPU the node still has (index and uuid)."""
+        found = ((state.position.get(slot.index), slot) for slot in placement.gpus)
+        return [(pos, slot) for pos, slot in found if pos is not None and state.node.gpus[pos].uuid == slot.uuid]
 
-        Used only for work that is already running: the API is the truth, and refusing
-        it would forget a task. Over-commit then shows in :meth:`violations`.
-        """
-        if task.key in self._reservations:
-            return
-        state = self.node(placement.node)
-        exclusive = task.request.exclusive
+    def _check_fits(self, state: NodeState, placement: Placement, exclusive: bool) -> list[tuple[int, GpuSlot]]:
+        positions: list[tuple[int, GpuSlot]] = []
         for slot in placement.gpus:
             pos = state.position.get(slot.index)
-            # Same rule as set_node: a slot counts only on the very GPU (index and uuid) it names.
-            if pos is not None and state.node.gpus[pos].uuid == slot.uuid:
-                state.reserved_mib[pos] += slot.memory_mib
-                state.exclusive[pos] = state.exclusive[pos] or exclusive
-        state.cpu_used += task.cpu_milli
-        state.memory_used_mib += task.memory_mib
-        state.tasks[task.key] = placement
-        self._reservations[task.key] = Reservation(task, placement, exclusive)
-        self._touched(state)
-
-    def _check_fits(self, state: NodeState, placement: Placement, exclusive: bool) -> list[int]:
-        positions: list[int] = []
-        for slot in placement.gpus:
-            pos = state.position.get(slot.index)
-            if pos is None or pos in positions:
+            if pos is None or any(pos == p for p, _ in positions):
                 raise OverCommitError(f"{state.name}: GPU {slot.index} unknown or repeated")
             gpu: Gpu = state.node.gpus[pos]
             if gpu.uuid != slot.uuid:
@@ -357,7 +347,7 @@ class ClusterState:
                 raise OverCommitError(
                     f"{state.name}: GPU {slot.index} has {state.free_mib(pos)} MiB free, {slot.memory_mib} MiB asked"
                 )
-            positions.append(pos)
+            positions.append((pos, slot))
         return positions
 
     def release(self, key: TaskKey) -> Placement | None:

@@ -22,14 +22,15 @@ Planning works on the live state with undo steps: it leaves the state exactly as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from gputask.core.cluster import ClusterState, NodeState
-from gputask.core.model import Placement, Task, TaskKey
+from gputask.core.ledger import Entry
+from gputask.core.model import Placement, Task
 from gputask.core.placement import Policy, QuotaCheck, find_placement
-from gputask.core.quota import QueueSpec, QuotaBook, Usage
+from gputask.core.quota import QueueSpec, QuotaBook, Usage, add_usage
 
 
 @dataclass(slots=True)
@@ -116,7 +117,7 @@ class Planner:
             yield
         finally:
             for v in reversed(victims):
-                self.cluster.force_reserve(v.task, v.placement)
+                self.cluster.reserve(v.task, v.placement, force=True)
                 self.quotas.charge(v.task.queue, v.usage)
 
     def _fits(self, task: Task, state: NodeState, quota: QuotaCheck, victims: list[Victim]) -> Placement | None:
@@ -180,6 +181,62 @@ def _removal_order(victim: Victim) -> tuple[object, ...]:
     return (victim.task.priority, -victim.admitted_at, -victim.task.created, victim.task.key)
 
 
-def victim_keys(plan: Plan) -> set[TaskKey]:
-    """Keys of a plan's victims."""
-    return {v.task.key for v in plan.victims}
+# -- eligibility: who may be preempted, and whether a plan keeps the queues' rules -------------------
+
+
+def candidates(
+    task: Task, running: Iterable[Entry], quotas: QuotaBook, *, borrowing: bool, least: Usage
+) -> dict[str, list[Victim]]:
+    """Running tasks the queues' policies let ``task`` preempt, by node name.
+
+    ``borrowing`` says whether the preemptor would use more than its nominal quota; ``least``
+    is the least it can charge (for the fair-sharing rule, judged per victim before planning).
+    Entries whose quota someone else books (Kueue mode) are never candidates.
+    """
+    share_ok = None
+    if quotas.fair_sharing(task.queue):
+        mine_after = quotas.share(task.queue, least)
+
+        def share_ok(victim: Victim) -> bool:
+            return share_allows(quotas, mine_after, victim.task.queue, victim.usage)
+
+    out: dict[str, list[Victim]] = {}
+    for entry in running:
+        if not entry.charged:
+            continue
+        victim = Victim(entry.task, entry.placement, entry.usage, entry.admitted_at)
+        if victim_allowed(task, entry.task, quotas=quotas, borrowing=borrowing, share_ok=share_ok,
+                          victim_entry=victim):
+            out.setdefault(entry.placement.node, []).append(victim)
+    return out
+
+
+def share_allows(quotas: QuotaBook, mine_after: float, queue: str, freed: Usage) -> bool:
+    """Kueue's fair-sharing rule for taking ``freed`` from ``queue``: the preemptor's share after
+    (``mine_after``) is at most that queue's share after, and below its share before."""
+    after = quotas.share(queue, {r: -a for r, a in freed.items()})
+    return mine_after <= after and mine_after < quotas.share(queue)
+
+
+def borrows_with(task: Task, plan: Plan, quotas: QuotaBook, usage: Usage) -> bool:
+    """Would ``task``'s queue use more than its nominal quota after ``plan`` (``usage`` = the
+    preemptor's charge on the plan's placement), its own victims given back?"""
+    spec = quotas.specs[task.queue]
+    used = dict(quotas.usage.get(task.queue, {}))
+    for victim in plan.victims:
+        if victim.task.queue == task.queue:
+            add_usage(used, victim.usage, -1)
+    return any(used.get(r, 0) + usage.get(r, 0) > q.nominal for r, q in spec.quotas.items())
+
+
+def fair_with(task: Task, plan: Plan, quotas: QuotaBook, usage: Usage) -> bool:
+    """The fair-sharing rule (:func:`share_allows`) checked on the real plan, for every victim queue."""
+    if not quotas.fair_sharing(task.queue):
+        return True
+    freed: dict[str, Usage] = {}
+    for victim in plan.victims:
+        add_usage(freed.setdefault(victim.task.queue, {}), victim.usage)
+    mine = dict(usage)
+    add_usage(mine, freed.get(task.queue, {}), -1)
+    mine_after = quotas.share(task.queue, mine)
+    return all(share_allows(quotas, mine_after, q, u) for q, u in freed.items() if q != task.queue)

@@ -3,33 +3,33 @@
 Watch handlers never decide (Kueue's shape): they feed :class:`Scheduler` with tasks,
 nodes and queues; :meth:`Scheduler.cycle` reads the pending tasks in order and returns
 decisions for the adapter to carry out. An admission is assumed at once (reserved in the
-cluster state and charged to quota) so later tasks of the same cycle see it; the adapter
-calls :meth:`Scheduler.unadmit` if the API write fails.
+ledger and charged to quota) so later tasks of the same cycle see it; the adapter calls
+:meth:`Scheduler.requeue` if the API write fails.
 
 A preemptor is *nominated*: its placement is reserved at once, so nothing else can take the
 capacity its victims free, and it is admitted by a later cycle once every victim has reported
 gone (:meth:`Scheduler.victim_gone`).
+
+The parts: :class:`~gputask.core.ledger.Ledger` owns every reservation and quota charge;
+:class:`~gputask.core.health.NodeHealth` owns the nodes and raises failure notices;
+:class:`~gputask.core.queues.QueueManager` orders the pending tasks; the preemption rules are
+in :mod:`gputask.core.preemption`. The scheduler ties them together in :meth:`Scheduler.cycle`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState, NodeState
-from gputask.core.failures import (
-    GPU_FAILURE,
-    MAX_RESCHEDULES_EXCEEDED,
-    NODE_FAILURE,
-    FailureNotice,
-    FailureTracker,
-    tasks_on_bad_gpus,
-)
+from gputask.core.failures import MAX_RESCHEDULES_EXCEEDED, FailureNotice
+from gputask.core.health import NodeHealth
+from gputask.core.ledger import Entry, Ledger
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
-from gputask.core.placement import DEFAULT_POLICY, Policy, QuotaCheck, find_placement, make_policy
-from gputask.core.preemption import Plan, Planner, Victim, any_preemption, victim_allowed
+from gputask.core.placement import DEFAULT_POLICY, Outcome, Policy, QuotaCheck, find_placement, make_policy
+from gputask.core.preemption import Plan, Planner, any_preemption, borrows_with, candidates, fair_with
 from gputask.core.queues import QueueManager
-from gputask.core.quota import QueueSpec, QuotaBook, Usage, add_usage, usage_of
+from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 from gputask.core.reasons import (
     INADMISSIBLE,
     PREEMPTING,
@@ -99,22 +99,6 @@ only with a new reason (tens of thousands of pending tasks must not mean as many
 
 
 @dataclass(slots=True)
-class _Running:
-    task: Task
-    placement: Placement
-    usage: Usage
-    admitted_at: float
-
-
-@dataclass(slots=True)
-class _Nominated:
-    task: Task
-    placement: Placement
-    usage: Usage
-    waiting_for: set[TaskKey]
-
-
-@dataclass(slots=True)
 class _CycleMemo:
     """What failed earlier in this cycle; valid all cycle because capacity only shrinks."""
 
@@ -124,7 +108,7 @@ class _CycleMemo:
 
 
 class Scheduler:
-    """Owns the cluster state, the queues and quota; decides in :meth:`cycle`.
+    """Ties the ledger, node health, queues and quota together; decides in :meth:`cycle`.
 
     Deterministic: the same calls in the same order give the same decisions.
     """
@@ -134,17 +118,24 @@ class Scheduler:
     ) -> None:
         self.policy = policy or make_policy(DEFAULT_POLICY)
         self.cluster = ClusterState()
-        self.failures = FailureTracker(node_failure_grace_s)
-        self.not_ready: set[NodeName] = set()
-        self._largest_gpu_mib = 0  # never decreases: min_usage stays a lower bound
-        self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         self.quotas = QuotaBook()
+        self.ledger = Ledger(self.cluster, self.quotas)
+        self.health = NodeHealth(self.cluster, node_failure_grace_s)
         self.pending = QueueManager()
-        self.running: dict[TaskKey, _Running] = {}
-        self.nominated: dict[TaskKey, _Nominated] = {}
         self.reasons: dict[TaskKey, tuple[str, str, int]] = {}
+        self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         for node in nodes:
             self.set_node(node)
+
+    @property
+    def running(self) -> dict[TaskKey, Entry]:
+        """Admitted tasks by key (read-only by convention: the ledger writes it)."""
+        return self.ledger.running
+
+    @property
+    def nominated(self) -> dict[TaskKey, Entry]:
+        """Preemptors waiting for their victims, by key (read-only by convention)."""
+        return self.ledger.nominated
 
     # -- inputs ---------------------------------------------------------------------------
     def set_queue(self, spec: QueueSpec) -> None:
@@ -161,77 +152,57 @@ class Scheduler:
         A node reported NotReady (:meth:`node_ready`) stays unschedulable whatever ``node`` says.
         Returns the keys of the tasks queued for eviction.
         """
-        if node.name in self.not_ready and node.schedulable:
-            node = replace(node, schedulable=False)
-        self._largest_gpu_mib = max([self._largest_gpu_mib, *(g.memory_mib for g in node.gpus)])
-        self.cluster.set_node(node)
-        lost = tasks_on_bad_gpus(self.cluster.node(node.name))
-        self.failures.notify(lost, GPU_FAILURE, f"a GPU of node {node.name} failed or disappeared")
-        return lost
+        return self.health.set_node(node)
 
     def remove_node(self, name: NodeName) -> list[TaskKey]:
         """A node is deleted: its tasks are queued for eviction (NodeFailure) and it is forgotten."""
-        lost = sorted(self.cluster.node(name).tasks) if self.cluster.has_node(name) else []
-        self.failures.notify(lost, NODE_FAILURE, f"node {name} is not in the cluster any more", override=True)
-        self._carry.extend(self._evict_failed(self.failures.take()))  # release before the node goes
-        self.cluster.remove_node(name)
-        self.failures.node_up(name)
-        self.not_ready.discard(name)
+        lost = self.health.node_removed(name)
+        self._carry.extend(self._evict_failed(self.health.take()))  # release before the node goes
+        self.health.forget(name)
         return lost
 
     def node_ready(self, name: NodeName, ready: bool, now: float) -> None:
         """Report a node's readiness at ``now``: NotReady stops new work at once and evicts
         its tasks after the grace period; Ready in time changes nothing."""
-        if ready:
-            self.not_ready.discard(name)
-            self.failures.node_up(name)
-        else:
-            self.not_ready.add(name)
-            self.failures.node_down(name, now)
-        if self.cluster.has_node(name):
-            state = self.cluster.node(name)
-            self.set_node(replace(state.node, schedulable=ready))
+        self.health.node_ready(name, ready, now)
 
     def node_failed(self, name: NodeName, why: str) -> list[TaskKey]:
         """Fail a node at once (out-of-service taint): queue its tasks for NodeFailure eviction."""
-        self.node_ready(name, False, float("-inf"))
-        lost = sorted(self.cluster.node(name).tasks) if self.cluster.has_node(name) else []
-        self.failures.notify(lost, NODE_FAILURE, f"node {name} failed: {why}")
-        return lost
+        return self.health.node_failed(name, why)
 
     def submit(self, task: Task) -> None:
         """Queue a task (or replace its pending version). Running tasks are left alone."""
-        if task.key not in self.running and task.key not in self.nominated:
+        if self.ledger.get(task.key) is None:
             self.pending.push(task)
 
-    def restore(self, task: Task, placement: Placement, admitted_at: float = 0.0) -> None:
-        """Record a task already running with ``placement`` (after a restart): never refused."""
-        if task.key in self.running:
-            return
-        if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
-            self.running[task.key] = _Running(task, placement, {}, admitted_at)
-            self.failures.notify([task.key], NODE_FAILURE, f"node {placement.node} is not in the cluster any more")
-            self._carry.extend(self._evict_failed(self.failures.take()))
+    def restore(self, task: Task, placement: Placement, admitted_at: float = 0.0, *, charge: bool = True) -> None:
+        """Record a task already running with ``placement`` (after a restart): never refused.
+
+        ``charge=False`` records a placement whose quota Kueue books (Kueue mode).
+        """
+        if task.key in self.ledger.running:
             return
         self.pending.discard(task.key)
-        self.cluster.force_reserve(task, placement)
-        usage = self._usage(placement)
-        self.quotas.charge(task.queue, usage)
-        self.running[task.key] = _Running(task, placement, usage, admitted_at)
-        if task.key in tasks_on_bad_gpus(self.cluster.node(placement.node)):
-            self.failures.notify([task.key], GPU_FAILURE, f"a GPU of node {placement.node} failed or disappeared")
+        self.ledger.restore(task, placement, admitted_at, charge=charge)
+        self.health.restored(task.key, placement)
+        if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
+            self._carry.extend(self._evict_failed(self.health.take()))
+
+    def hold(self, key: TaskKey, task: Task, placement: Placement) -> None:
+        """Keep a departing workload's GPUs (a terminating Job) until :meth:`finish` of ``key``."""
+        self.ledger.hold(key, task, placement)
 
     def set_reschedules(self, key: TaskKey, count: int) -> None:
         """Restore how many failure evictions a task has had (from its status, after a restart)."""
         if count > 0:
-            self.failures.counts[key] = count
+            self.health.failures.counts[key] = count
 
     def reschedules(self, key: TaskKey) -> int:
         """Failure evictions of ``key`` so far."""
-        return self.failures.counts.get(key, 0)
+        return self.health.failures.counts.get(key, 0)
 
     def finish(self, key: TaskKey) -> Placement | None:
-        """Forget a task (finished, deleted or evicted): release GPUs and quota.
+        """Forget a task (finished, deleted or evicted) or a hold: release GPUs and quota.
 
         Decisions about it made outside a cycle and not yet emitted are dropped: the adapter
         has moved on (e.g. the task was deleted right after its node was).
@@ -240,42 +211,43 @@ class Scheduler:
         self.reasons.pop(key, None)
         if self._carry:  # in place: callers may hold the list (``self._carry.extend(...)``)
             self._carry[:] = [d for d in self._carry if d.task.key != key]
-        held = self.running.pop(key, None) or self.nominated.pop(key, None)
-        if held is None:
-            return None
-        self.cluster.release(key)
-        self.quotas.charge(held.task.queue, held.usage, -1)
-        return held.placement
+        released = self.ledger.release(key)
+        return released.placement if isinstance(released, Entry) else released
 
-    def evict(self, key: TaskKey) -> Task | None:
-        """Evict a running task: release GPUs and quota, queue it again in its old place.
+    def requeue(self, key: TaskKey) -> Task | None:
+        """Release a running (or nominated) task and queue it again in its old place.
 
-        The task keeps its creation time, so it goes ahead of newer work. Returns the task,
-        or None when it was not running. The adapter records the reason and the attempt.
+        For an eviction, or to undo an admission whose API write failed. The task keeps its
+        creation time, so it goes ahead of newer work. Returns the task, or None when it held
+        nothing. The adapter records the reason and the attempt.
         """
-        run = self.running.get(key)
-        if run is None:
+        entry = self.ledger.get(key)
+        if entry is None:
             return None
         self.finish(key)
-        self.pending.push(run.task)
-        return run.task
+        self.pending.push(entry.task)
+        return entry.task
 
     def victim_gone(self, key: TaskKey) -> None:
         """A preempted task's workload has terminated: its preemptor stops waiting for it."""
-        for nominated in self.nominated.values():
-            nominated.waiting_for.discard(key)
-
-    def unadmit(self, key: TaskKey) -> None:
-        """Undo an admission whose API write failed: release and queue the task again."""
-        run = self.running.get(key)
-        self.finish(key)
-        if run is not None:
-            self.pending.push(run.task)
+        self.ledger.victim_gone(key)
 
     def placement_of(self, key: TaskKey) -> Placement | None:
         """Placement of a running task."""
-        run = self.running.get(key)
-        return None if run is None else run.placement
+        entry = self.ledger.running.get(key)
+        return None if entry is None else entry.placement
+
+    # -- placement only (Kueue mode: Kueue admits, gputask places) ---------------------------------
+    def place(self, task: Task) -> Outcome:
+        """Where ``task`` would go now, with no queue or quota involved; nothing is reserved."""
+        return find_placement(self.cluster, task, self.policy)
+
+    def admit_placed(self, task: Task, placement: Placement, now: float) -> None:
+        """Reserve a placement whose quota Kueue booked: in the ledger, charged to no queue.
+
+        Raises OverCommitError when the placement no longer fits.
+        """
+        self.ledger.admit(task, placement, now, charge=False)
 
     # -- the cycle ------------------------------------------------------------------------
     def cycle(self, now: float = 0.0) -> list[Decision]:
@@ -313,47 +285,49 @@ class Scheduler:
         return decisions
 
     def _failure_evictions(self, now: float) -> list[Decision]:
-        for name in self.failures.expired(now):
-            if self.cluster.has_node(name):
-                lost = sorted(self.cluster.node(name).tasks)
-                grace = self.failures.grace_s
-                self.failures.notify(lost, NODE_FAILURE, f"node {name} NotReady for more than {grace:g}s")
-        return self._evict_failed(self.failures.take())
+        self.health.expired(now)
+        return self._evict_failed(self.health.take())
 
     def _evict_failed(self, notices: Iterable[FailureNotice]) -> list[Decision]:
+        """Evict what failure notices name; past ``maxReschedules`` the task fails for good.
+
+        A task whose quota Kueue books (Kueue mode) is released, not queued here: Kueue requeues it.
+        """
         out: list[Decision] = []
         for notice in notices:
-            held = self.running.get(notice.key) or self.nominated.get(notice.key)
-            if held is None:
+            entry = self.ledger.get(notice.key)
+            if entry is None:
                 continue
-            count = self.failures.counts[notice.key] = self.failures.counts.get(notice.key, 0) + 1
-            out.append(Evict(held.task, held.placement, notice.reason, notice.message))
-            if count > held.task.max_reschedules:
+            count = self.health.count_failure(notice.key)
+            out.append(Evict(entry.task, entry.placement, notice.reason, notice.message))
+            if count > entry.task.max_reschedules:
                 self.finish(notice.key)
-                limit = held.task.max_reschedules
+                limit = entry.task.max_reschedules
                 out.append(
-                    Fail(held.task, MAX_RESCHEDULES_EXCEEDED, f"{notice.message}; rescheduled {limit} times already")
+                    Fail(entry.task, MAX_RESCHEDULES_EXCEEDED, f"{notice.message}; rescheduled {limit} times already")
                 )
+            elif entry.charged:
+                self.requeue(notice.key)
             else:
                 self.finish(notice.key)
-                self.pending.push(held.task)
         return out
 
     def _admit_nominated(self, now: float) -> list[Decision]:
         out: list[Decision] = []
-        for key in [k for k, n in self.nominated.items() if not n.waiting_for]:
-            nominated = self.nominated.pop(key)
-            self.running[key] = _Running(nominated.task, nominated.placement, nominated.usage, now)
-            out.append(Admit(nominated.task, nominated.placement, nominated.usage))
+        for key in self.ledger.ready():
+            entry = self.ledger.promote(key, now)
+            out.append(Admit(entry.task, entry.placement, entry.usage))
         return out
 
     def _drain(self) -> list[Decision]:
         out: list[Decision] = []
-        for key, run in list(self.running.items()):
-            spec = self.quotas.specs.get(run.task.queue)
-            if spec is not None and spec.stop_policy == "HoldAndDrain":
-                self.evict(key)
-                out.append(Evict(run.task, run.placement, "QueueDrained", f"GPUClusterQueue {spec.name!r} is draining"))
+        for key, entry in list(self.ledger.running.items()):
+            spec = self.quotas.specs.get(entry.task.queue)
+            if entry.charged and spec is not None and spec.stop_policy == "HoldAndDrain":
+                self.requeue(key)
+                out.append(
+                    Evict(entry.task, entry.placement, "QueueDrained", f"GPUClusterQueue {spec.name!r} is draining")
+                )
         return out
 
     def _ordered(self) -> Iterable[Task]:
@@ -381,7 +355,7 @@ class Scheduler:
         # at this priority, it fails for every later task of the same shape and priority.
         attempt = (shape, task.priority)
         if known[0] != INADMISSIBLE and any_preemption(spec) and attempt not in memo.preemption_failed:
-            preempted = self._preempt(task, self._quota_check(task))
+            preempted = self._preempt(task, self._quota_check(task), now)
             if preempted:
                 return preempted
             memo.preemption_failed.add(attempt)
@@ -411,109 +385,51 @@ class Scheduler:
         return check
 
     def _admit(self, task: Task, placement: Placement, now: float) -> Admit:
-        usage = self._reserve(task, placement)
-        self.running[task.key] = _Running(task, placement, usage, now)
-        return Admit(task, placement, usage)
+        self._unqueue(task.key)
+        entry = self.ledger.admit(task, placement, now)
+        return Admit(task, placement, entry.usage)
 
-    def _reserve(self, task: Task, placement: Placement) -> Usage:
-        self.pending.discard(task.key)
-        self.reasons.pop(task.key, None)
-        self.cluster.reserve(task, placement)
-        usage = self._usage(placement)
-        self.quotas.charge(task.queue, usage)
-        return usage
-
-    def _usage(self, placement: Placement) -> Usage:
-        return usage_of(placement, _memory_by_index(self.cluster.node(placement.node)))
+    def _unqueue(self, key: TaskKey) -> None:
+        self.pending.discard(key)
+        self.reasons.pop(key, None)
 
     # -- preemption -----------------------------------------------------------------------------
-    def _preempt(self, task: Task, quota: QuotaCheck) -> list[Decision]:
+    def _preempt(self, task: Task, quota: QuotaCheck, now: float) -> list[Decision]:
         """Plan and start a preemption for ``task``; [] when none helps.
 
         Reclaim rules apply only when the preemptor stays within its nominal quota. The first
         plan assumes what the task's smallest possible usage says; if its real placement would
         borrow after all, the plan is redone under the stricter borrowing rules.
         """
-        borrowing = self.quotas.would_borrow(task.queue, self._min_usage(task))
-        plan = self._plan(task, quota, borrowing)
+        least = self._min_usage(task)
+        borrowing = self.quotas.would_borrow(task.queue, least)
+        plan = self._plan(task, quota, borrowing, least)
         if plan is not None and not borrowing and self._borrows_with(task, plan):
-            plan = self._plan(task, quota, True)
-        if plan is None or not self._fair_with(task, plan):
+            plan = self._plan(task, quota, True, least)
+        if plan is None or not fair_with(task, plan, self.quotas, self.ledger.usage(plan.placement)):
             return []
         decisions: list[Decision] = []
         for victim in plan.victims:
-            self.evict(victim.task.key)
+            self.requeue(victim.task.key)
             message = f"preempted by {task.key} (priority {task.priority}) in GPUClusterQueue {task.queue!r}"
             decisions.append(Evict(victim.task, victim.placement, "Preempted", message, by=task.key))
-        usage = self._reserve(task, plan.placement)
-        self.nominated[task.key] = _Nominated(task, plan.placement, usage, {v.task.key for v in plan.victims})
+        self._unqueue(task.key)
+        self.ledger.nominate(task, plan.placement, [v.task.key for v in plan.victims], now)
         waiting = ", ".join(sorted(v.task.key for v in plan.victims))
         decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {plan.placement.node}"))
         return decisions
 
-    def _plan(self, task: Task, quota: QuotaCheck, borrowing: bool) -> Plan | None:
-        candidates = self._candidates(task, borrowing)
-        if not candidates:
+    def _plan(self, task: Task, quota: QuotaCheck, borrowing: bool, least: Usage) -> Plan | None:
+        found = candidates(task, self.ledger.running.values(), self.quotas, borrowing=borrowing, least=least)
+        if not found:
             return None
-        return Planner(self.cluster, self.quotas, self.policy).plan(task, candidates, quota)
+        return Planner(self.cluster, self.quotas, self.policy).plan(task, found, quota)
 
     def _borrows_with(self, task: Task, plan: Plan) -> bool:
-        """Would ``task``'s queue use more than its nominal quota after ``plan``?"""
-        spec = self.quotas.specs[task.queue]
-        used = dict(self.quotas.usage.get(task.queue, {}))
-        for victim in plan.victims:
-            if victim.task.queue == task.queue:
-                for resource, amount in victim.usage.items():
-                    used[resource] = used.get(resource, 0) - amount
-        usage = self._usage(plan.placement)
-        return any(used.get(r, 0) + usage.get(r, 0) > q.nominal for r, q in spec.quotas.items())
-
-    def _fair_with(self, task: Task, plan: Plan) -> bool:
-        """Kueue's fair-sharing rule checked on the real plan: after it, the preemptor's queue
-        share is at most each victim queue's share after, and below its share before."""
-        if not self.quotas.fair_sharing(task.queue):
-            return True
-        freed: dict[str, Usage] = {}
-        for victim in plan.victims:
-            add_usage(freed.setdefault(victim.task.queue, {}), victim.usage)
-        mine = dict(self._usage(plan.placement))
-        add_usage(mine, freed.get(task.queue, {}), -1)
-        mine_after = self.quotas.share(task.queue, mine)
-        for queue, usage in freed.items():
-            if queue == task.queue:
-                continue
-            after = self.quotas.share(queue, {r: -a for r, a in usage.items()})
-            if not (mine_after <= after and mine_after < self.quotas.share(queue)):
-                return False
-        return True
+        return borrows_with(task, plan, self.quotas, self.ledger.usage(plan.placement))
 
     def _min_usage(self, task: Task) -> Usage:
-        return min_usage(task, self._largest_gpu_mib)
-
-    def _candidates(self, task: Task, borrowing: bool) -> dict[str, list[Victim]]:
-        """Running tasks the policies allow ``task`` to preempt, by node."""
-        fair = self.quotas.fair_sharing(task.queue)
-        out: dict[str, list[Victim]] = {}
-        share_ok = self._share_rule(task) if fair else None
-        for run in self.running.values():
-            victim = Victim(run.task, run.placement, run.usage, run.admitted_at)
-            allowed = victim_allowed(
-                task, run.task, quotas=self.quotas, borrowing=borrowing, share_ok=share_ok, victim_entry=victim
-            )
-            if allowed:
-                out.setdefault(run.placement.node, []).append(victim)
-        return out
-
-    def _share_rule(self, task: Task) -> Callable[[Victim], bool]:
-        """Kueue's fair-sharing preemption rule, evaluated for one victim at a time."""
-        mine_after = self.quotas.share(task.queue, self._min_usage(task))
-
-        def ok(victim: Victim) -> bool:
-            before = self.quotas.share(victim.task.queue)
-            after = self.quotas.share(victim.task.queue, {r: -a for r, a in victim.usage.items()})
-            return mine_after <= after and mine_after < before
-
-        return ok
+        return min_usage(task, self.health.largest_gpu_mib)
 
     # -- reports ------------------------------------------------------------------------------
     def queue_status(self) -> dict[str, dict[str, object]]:

@@ -153,7 +153,7 @@ class Controller:
         key = holding_key(job)
         slots = job.placement.gpus
         request = GpuRequest(len(slots), memory_mib=max((g.memory_mib for g in slots), default=0))
-        self.scheduler.restore(Task(key, "", request, priority=HOLD_PRIORITY), job.placement)
+        self.scheduler.hold(key, Task(key, "", request, priority=HOLD_PRIORITY), job.placement)
         self.held[job.key] = key
 
     def on_job_deleted(self, obj: Mapping[str, Any]) -> JobRecord | None:

@@ -183,13 +183,13 @@ class Executor:
                 log.info(
                     "Job %s/%s belongs to an earlier task of that name; requeued", namespace, job["metadata"]["name"]
                 )
-                self.controller.scheduler.unadmit(key)
+                self.controller.scheduler.requeue(key)
                 return
             log.info("Job %s/%s exists already: taking it as created", namespace, job["metadata"]["name"])
         except ApiError as exc:
             self._api_error()
             log.warning("creating Job for %s failed (%s); requeued", key, exc)
-            self.controller.scheduler.unadmit(key)
+            self.controller.scheduler.requeue(key)
             return
         if attempt == 1 and decision.task.created:
             self.metrics.latency.observe(max(0.0, time.time() - decision.task.created))

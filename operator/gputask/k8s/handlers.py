@@ -201,7 +201,7 @@ class Operator:
         lost = self.controller.current_job_gone(job) if job is not None else None
         if lost is not None and lost.task is not None and lost.placement is not None:
             message = f"Job {lost.job_name} was deleted while the task ran; requeued"
-            self.controller.scheduler.evict(lost.key)
+            self.controller.scheduler.requeue(lost.key)
             await self.executor.evict(Evict(lost.task, lost.placement, "JobDeleted", message))
         self.loop.wake()
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gputask.core import OverCommitError, Placement, TaskKey, UnknownNodeError, find_placement
+from gputask.core import OverCommitError, Placement, TaskKey
 from gputask.core.reasons import explain
 from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeClient, NotFound
 from gputask.k8s.controller import ADMITTED, FINISHED_PHASES, PENDING, RUNNING, Controller, TaskRecord
@@ -100,10 +100,9 @@ class KueueAdmission:
             record = self._record_of(wl)
             if placement is None or record is None or record.task is None or not quota_reserved(wl):
                 continue
-            try:
-                self.controller.scheduler.cluster.force_reserve(record.task, placement)
-            except UnknownNodeError:
+            if not self.controller.scheduler.cluster.has_node(placement.node):
                 continue  # its node is gone: Kueue's node-failure handling evicts it
+            self.controller.scheduler.restore(record.task, placement, time.time(), charge=False)
             self.held[key] = record.key
             record.placement = placement
             record.phase = RUNNING if (record.obj.get("status") or {}).get("phase") == RUNNING else ADMITTED
@@ -221,20 +220,19 @@ class KueueAdmission:
         record = self._record_of(wl)
         if record is None or record.task is None:
             return  # not ours, or its Job is not seen yet: the next pass looks again
-        cluster = self.controller.scheduler.cluster
+        scheduler = self.controller.scheduler
         for other in [k for k, t in self.held.items() if t == record.key and k != key]:
             await self._release(other, self.workloads.get(other))
-        held = cluster.reservation(record.key) if self.held.get(key) == record.key else None
-        placement = held.placement if held is not None else None
+        placement = scheduler.placement_of(record.key) if self.held.get(key) == record.key else None
         if placement is None:
-            outcome = find_placement(cluster, record.task, self.controller.scheduler.policy)
+            outcome = scheduler.place(record.task)
             if outcome.placement is None:
-                reason, why = explain(record.task, outcome, self.controller.scheduler.quotas, cluster)
+                reason, why = explain(record.task, outcome, scheduler.quotas, scheduler.cluster)
                 await self._retry(key, wl, record, reason, why)
                 return
             placement = outcome.placement
             try:
-                cluster.reserve(record.task, placement)
+                scheduler.admit_placed(record.task, placement, time.time())
             except OverCommitError as exc:  # held by something this controller does not track: look again later
                 log.warning("reserving %s for Workload %s failed: %s", record.key, key, exc)
                 return
@@ -287,7 +285,7 @@ class KueueAdmission:
         task_key = self.held.pop(key, None)
         if task_key is None:
             return
-        self.controller.scheduler.cluster.release(task_key)
+        self.controller.scheduler.finish(task_key)
         record = self.controller.tasks.get(task_key)
         if wl is None or record is None or condition_true(wl, "Finished") or record.phase not in (ADMITTED, RUNNING):
             return

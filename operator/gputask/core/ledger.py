@@ -1,0 +1,133 @@
+"""The ledger: the one owner of every GPU reservation and every quota charge.
+
+Every reservation in :class:`~gputask.core.cluster.ClusterState` and every charge in
+:class:`~gputask.core.quota.QuotaBook` is made and undone here, and nowhere else, so what runs,
+what is nominated and what is held can always be told from one place (``violations()``,
+failure evictions and metrics all read it). Entries come in three kinds:
+
+- **running**: admitted with a placement; ``usage`` is what it charges its queue. Tasks admitted
+  by Kueue (Kueue mode) are running entries with ``charged=False``: Kueue owns their quota;
+- **nominated**: a preemptor whose placement is reserved while it waits for its victims
+  (``waiting_for``), promoted to running once they are gone;
+- **held**: GPUs of a workload that is on its way out (a terminating Job whose task is gone or
+  requeued): reserved until it is gone, charged to no queue, never preempted.
+
+Units: usage in milli-GPU and MiB (:data:`~gputask.core.quota.Usage`), times in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from gputask.core.cluster import ClusterState
+from gputask.core.model import Placement, Task, TaskKey
+from gputask.core.quota import QuotaBook, Usage, usage_of
+
+
+@dataclass(slots=True)
+class Entry:
+    """One reservation: the task, its placement, its charge, when it was admitted (s).
+
+    ``waiting_for`` is the set of victims a nominated preemptor waits for (empty once running);
+    ``charged`` is False for placements whose quota someone else books (Kueue mode).
+    """
+
+    task: Task
+    placement: Placement
+    usage: Usage
+    admitted_at: float
+    charged: bool = True
+    waiting_for: set[TaskKey] = field(default_factory=set)
+
+
+class Ledger:
+    """Running, nominated and held reservations over one cluster state and one quota book."""
+
+    def __init__(self, cluster: ClusterState, quotas: QuotaBook) -> None:
+        self.cluster = cluster
+        self.quotas = quotas
+        self.running: dict[TaskKey, Entry] = {}
+        self.nominated: dict[TaskKey, Entry] = {}
+        self.held: dict[TaskKey, Placement] = {}
+
+    # -- making reservations -------------------------------------------------------------------
+    def usage(self, placement: Placement) -> Usage:
+        """What ``placement`` charges on its node's devices (milli-GPU, MiB)."""
+        state = self.cluster.node(placement.node)
+        return usage_of(placement, {g.index: g.memory_mib for g in state.node.gpus})
+
+    def admit(self, task: Task, placement: Placement, now: float, *, charge: bool = True) -> Entry:
+        """Reserve ``placement`` and charge the queue; raises OverCommitError when it does not fit."""
+        entry = self._book(task, placement, now, charge=charge, force=False)
+        self.running[task.key] = entry
+        return entry
+
+    def nominate(self, task: Task, placement: Placement, victims: Iterable[TaskKey], now: float) -> Entry:
+        """Reserve a preemptor's placement while its ``victims`` terminate."""
+        entry = self._book(task, placement, now, charge=True, force=False)
+        entry.waiting_for = set(victims)
+        self.nominated[task.key] = entry
+        return entry
+
+    def restore(self, task: Task, placement: Placement, admitted_at: float, *, charge: bool = True) -> Entry:
+        """Record work that already runs (after a restart) even if it over-commits: never refused.
+
+        A placement on a node the cluster does not hold is recorded without a reservation (the
+        caller evicts it as a node failure).
+        """
+        if self.cluster.has_node(placement.node):
+            entry = self._book(task, placement, admitted_at, charge=charge, force=True)
+        else:
+            entry = Entry(task, placement, {}, admitted_at, charged=charge)
+        self.running[task.key] = entry
+        return entry
+
+    def hold(self, key: TaskKey, task: Task, placement: Placement) -> None:
+        """Keep a departing workload's GPUs reserved (no quota) until :meth:`release`."""
+        if key in self.held or not self.cluster.has_node(placement.node):
+            return
+        self.cluster.reserve(task, placement, force=True)
+        self.held[key] = placement
+
+    def _book(self, task: Task, placement: Placement, now: float, *, charge: bool, force: bool) -> Entry:
+        self.cluster.reserve(task, placement, force=force)
+        usage = self.usage(placement) if charge else {}
+        self.quotas.charge(task.queue, usage)
+        return Entry(task, placement, usage, now, charged=charge)
+
+    # -- changing and ending them ----------------------------------------------------------------
+    def promote(self, key: TaskKey, now: float) -> Entry:
+        """A nominated preemptor whose victims are gone becomes running at ``now``."""
+        entry = self.nominated.pop(key)
+        entry.admitted_at = now
+        self.running[key] = entry
+        return entry
+
+    def victim_gone(self, key: TaskKey) -> None:
+        """A preempted workload terminated: no nominated preemptor waits for it any more."""
+        for entry in self.nominated.values():
+            entry.waiting_for.discard(key)
+
+    def release(self, key: TaskKey) -> Entry | Placement | None:
+        """Give back whatever ``key`` reserves: GPUs and quota. Returns the entry (or a hold's placement)."""
+        entry = self.running.pop(key, None) or self.nominated.pop(key, None)
+        held = self.held.pop(key, None) if entry is None else None
+        if entry is None and held is None:
+            return None
+        self.cluster.release(key)
+        if entry is not None:
+            self.quotas.charge(entry.task.queue, entry.usage, -1)
+        return entry or held
+
+    # -- reading -------------------------------------------------------------------------------
+    def get(self, key: TaskKey) -> Entry | None:
+        """The running or nominated entry of ``key``."""
+        return self.running.get(key) or self.nominated.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.running or key in self.nominated or key in self.held
+
+    def ready(self) -> Iterator[TaskKey]:
+        """Nominated preemptors no victim is left for, in nomination order."""
+        return iter([key for key, entry in self.nominated.items() if not entry.waiting_for])
