@@ -381,3 +381,24 @@ def test_quantities_are_bounded_for_integers_and_strings() -> None:
         if node.get("x-kubernetes-int-or-string") and not {"pattern", "minimum", "maxLength"} <= set(node)
     ]
     assert unbounded == []
+
+
+def test_the_root_field_rule_follows_each_versions_status_subresource_and_skips_zero_values() -> None:
+    """The root-field restriction applies to versions with the status subresource only, and
+    a zero value (nullable: false) is not a field set."""
+    definition = crd(nullable=False)
+    two = copy.deepcopy(definition)
+    second = copy.deepcopy(two["spec"]["versions"][0]) | {"name": "v2", "storage": False, "subresources": {}}
+    second["schema"]["openAPIV3Schema"]["maxProperties"] = 10
+    two["spec"]["versions"].append(second)
+    with_status = copy.deepcopy(two)
+    with_status["spec"]["versions"][1]["subresources"] = {"status": {}}
+    assert (problems(definition), problems(two), problems(with_status)) == (
+        [],
+        [],
+        [
+            f'spec.versions[1].schema.openAPIV3Schema: Invalid value: ["maxProperties"]: only '
+            f"{sorted(crdrules.ROOT_FIELDS)} fields are allowed at the root of the schema if the status subresource "
+            "is enabled"
+        ],
+    )

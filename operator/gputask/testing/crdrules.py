@@ -159,8 +159,7 @@ def crd_problems(crd: Mapping[str, Any]) -> list[FieldError]:
     versions = spec.get("versions") or []
     if sum(bool(v.get("storage")) for v in versions) != 1:
         out.append(FieldError("spec.versions", INVALID, "must have exactly one version marked as storage version"))
-    status_enabled = any("status" in (v.get("subresources") or {}) for v in versions)
-    for where, schema in _schemas(versions):
+    for where, schema, status_enabled in _schemas(versions):
         out += schema_problems(schema, f"{where}.openAPIV3Schema", status_enabled=status_enabled)
     for where, columns in _columns(versions):
         for i, column in enumerate(columns):
@@ -207,14 +206,17 @@ def _name_problems(crd: Mapping[str, Any], spec: Mapping[str, Any]) -> list[Fiel
     return out
 
 
-def _schemas(versions: list[Mapping[str, Any]]) -> Iterator[tuple[str, Schema]]:
+def _schemas(versions: list[Mapping[str, Any]]) -> Iterator[tuple[str, Schema, bool]]:
+    """(path, schema, status subresource on) per schema: one shared by every version is checked once,
+    with the status subresource on if any version has it (``hasAnyStatusEnabled``)."""
     schemas = [((v.get("schema") or {}).get("openAPIV3Schema")) for v in versions]
+    status = ["status" in (v.get("subresources") or {}) for v in versions]
     if schemas and all(s is not None and s == schemas[0] for s in schemas):
-        yield "spec.validation", schemas[0]
+        yield "spec.validation", schemas[0], any(status)
         return
     for i, schema in enumerate(schemas):
         if schema is not None:
-            yield f"spec.versions[{i}].schema", schema
+            yield f"spec.versions[{i}].schema", schema, status[i]
 
 
 def _columns(versions: list[Mapping[str, Any]]) -> Iterator[tuple[str, list[Mapping[str, Any]]]]:
@@ -257,8 +259,8 @@ def printer_column_problems(column: Mapping[str, Any], path: str) -> list[FieldE
 def schema_problems(schema: Schema, path: str = "openAPIV3Schema", *, status_enabled: bool = True) -> list[FieldError]:
     """Everything the API server refuses in one ``openAPIV3Schema`` (structural rules included)."""
     out = []
-    if status_enabled:
-        extra = sorted(set(schema) - ROOT_FIELDS)
+    if status_enabled:  # zero values do not count, as in the API server's reflection over the struct
+        extra = sorted(k for k, v in schema.items() if k not in ROOT_FIELDS and v not in (None, False, "", [], {}, 0))
         if extra:
             out.append(
                 FieldError(
