@@ -22,9 +22,9 @@ from gputask.k8s.client import (
     NODES,
     KubeClient,
 )
-from gputask.k8s.executor import now_rfc3339
 from gputask.k8s.handlers import Operator
 from gputask.k8s.main import build_operator, run_operator
+from gputask.k8s.writer import now_rfc3339
 from gputask.testing import EmulatorServer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,8 +14,11 @@ Shape (YAML)::
     leaderElection: false           # campaign for a coordination.k8s.io/v1 Lease; only the leader schedules
     leaseName: gputask-operator
     leaseNamespace: ""              # "" = $POD_NAMESPACE, else "default"
-    leaseDuration: 15s
-    leaseRenewInterval: 5s
+    leaseDuration: 15s              # a Lease not renewed for this long may be taken over (client-go's defaults)
+    leaseRenewDeadline: 10s         # the leader steps down when it could not renew for this long
+    leaseRenewInterval: 2s          # how often the leader renews, and a standby tries, the Lease
+    podStartTimeout: 120s           # an admitted task without a running pod this long is evicted (PodsNotStarting)
+    apiConcurrency: 16              # API calls in flight at once (threads and connections; the Lease has its own)
 
 Durations accept seconds as a number or a string with s/m/h suffix.
 """
@@ -68,14 +71,23 @@ class Config(BaseModel):
     lease_name: str = Field("gputask-operator", alias="leaseName")
     lease_namespace: str = Field("", alias="leaseNamespace")
     lease_duration_s: Duration = Field(15.0, alias="leaseDuration", gt=0)
-    lease_renew_s: Duration = Field(5.0, alias="leaseRenewInterval", gt=0)
+    lease_renew_deadline_s: Duration = Field(10.0, alias="leaseRenewDeadline", gt=0)
+    lease_renew_s: Duration = Field(2.0, alias="leaseRenewInterval", gt=0)
+    pod_start_timeout_s: Duration = Field(120.0, alias="podStartTimeout", gt=0)
+    api_concurrency: int = Field(16, alias="apiConcurrency", ge=1, le=256)
 
     @model_validator(mode="after")
     def _renew_within_lease(self) -> Config:
-        """A leader that renews less often than its lease lasts loses it between renewals."""
-        if self.lease_renew_s >= self.lease_duration_s:
+        """client-go's order: retries (renew interval) < renew deadline < lease duration, so a leader
+        steps down before anyone else may take its Lease over, and tries several times before that."""
+        if self.lease_renew_s >= self.lease_renew_deadline_s:
             raise ValueError(
-                f"leaseRenewInterval ({self.lease_renew_s:g}s) must be shorter than leaseDuration "
+                f"leaseRenewInterval ({self.lease_renew_s:g}s) must be shorter than leaseRenewDeadline "
+                f"({self.lease_renew_deadline_s:g}s)"
+            )
+        if self.lease_renew_deadline_s >= self.lease_duration_s:
+            raise ValueError(
+                f"leaseRenewDeadline ({self.lease_renew_deadline_s:g}s) must be shorter than leaseDuration "
                 f"({self.lease_duration_s:g}s)"
             )
         return self

@@ -34,9 +34,9 @@ from gputask.k8s.client import (
     Resource,
     load_api_client,
 )
-from gputask.k8s.executor import now_rfc3339
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, parse_placement
 from gputask.k8s.main import build_operator, run_operator
+from gputask.k8s.writer import now_rfc3339
 
 KINDS: dict[str, Resource] = {
     "GPUTask": GPUTASKS,

@@ -77,6 +77,11 @@ class OperatorMetrics:
         self.evictions = Counter("gputask_evictions_total", "Tasks evicted, by reason.", ["reason"], registry=r)
         self.reschedules = Counter("gputask_reschedules_total", "Re-placements after node or GPU failure.", registry=r)
         self.api_errors = Counter("gputask_api_errors_total", "Failed Kubernetes API calls.", registry=r)
+        self.adopted = Counter(
+            "gputask_jobs_adopted_total",
+            "Jobs found with another placement than the one just chosen, whose placement was taken over.",
+            registry=r,
+        )
 
     def refresh(self, scheduler: Scheduler) -> None:
         """Set the gauges from the scheduler's state (after a cycle)."""

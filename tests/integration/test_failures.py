@@ -6,7 +6,6 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.k8s.client import GPUCLUSTERQUEUES, GPUTASKS, JOBS, NODES, PRIORITYCLASSES, NotFound
-from gputask.k8s.executor import Executor
 from harness import Cluster, eventually, gputask, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
@@ -138,7 +137,9 @@ async def test_two_replicas_one_leader_no_duplicate_jobs_and_failover(cluster: C
     """With leader election only one replica schedules; when it stops, the other takes over without duplicates."""
     await cluster.add_node("node-a", ("GPU-0", "NVIDIA-A10", "24Gi"), ("GPU-1", "NVIDIA-A10", "24Gi"))
     await cluster.add_queue()
-    elect = Config(cycleInterval=0.2, leaderElection=True, leaseDuration=2, leaseRenewInterval=0.3)
+    elect = Config(
+        cycleInterval=0.2, leaderElection=True, leaseDuration=2, leaseRenewDeadline=1.5, leaseRenewInterval=0.3
+    )
     async with running_operator(cluster, elect) as one, running_operator(cluster, elect) as two:
         await cluster.submit(gputask("a", gpuMemory="20Gi"))
         await eventually(lambda: _has_job(cluster, "a-1"))
@@ -171,10 +172,10 @@ async def test_status_write_retries_from_fresh_state_on_conflict(cluster: Cluste
         record = op.controller.tasks["default/t"]  # type: ignore[index]
         stale = dict(record.obj["metadata"], resourceVersion="1")
         record.obj = {**record.obj, "metadata": stale}
-        executor: Executor = op.executor
-        before = executor.conflicts
-        await executor.patch_status(record, message="written after a conflict")
-        assert executor.conflicts == before + 1
+        transitions = op.executor.transitions
+        before = transitions.conflicts
+        assert await transitions.write_status(record, "written after a conflict")
+        assert transitions.conflicts == before + 1
         assert (await status_of(cluster, "t"))["message"] == "written after a conflict"
 
 

@@ -64,7 +64,7 @@ async def test_foreign_pod_requesting_a_gpu_sends_the_task_to_another_node(clust
         await cluster.client.create(PODS, pod, "default")
 
         async def seen() -> bool:
-            return bool(op.foreign.claims_on("node-a"))
+            return bool(op.controller.foreign.claims_on("node-a"))
 
         await eventually(seen)
         await cluster.submit(gputask("train", gpuMemory="4Gi"))

@@ -19,7 +19,7 @@ def job_view(job: dict[str, Any]) -> dict[str, Any]:
 
 def status_view(task: dict[str, Any]) -> dict[str, Any]:
     """A GPUTask status without timestamps."""
-    status = dict(task.get("status") or {})
+    status = {k: v for k, v in (task.get("status") or {}).items() if k != "admittedAt"}
     status["conditions"] = [
         {k: c[k] for k in ("type", "status", "reason", "message")} for c in status.get("conditions") or []
     ]
@@ -120,6 +120,9 @@ async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster
             "reschedules": 0,
             "jobName": "train-1",
             "priority": 0,
+            "queue": "default",
+            "gpuMemory": "12Gi",
+            "observedGeneration": 1,
             "message": message,
         }
         assert await eventually(lambda: cluster.events_for("train")) == [("Normal", "Admitted", message)]
@@ -227,24 +230,33 @@ async def test_memory_used_outside_gputask_is_not_overcommitted(cluster: Cluster
         )
 
 
-async def test_editing_an_admitted_task_says_the_change_is_ignored(cluster: Cluster) -> None:
-    """Patching the spec of a running task posts a SpecChangeIgnored Warning and leaves its Job alone."""
+async def test_an_edit_of_an_admitted_task_applies_at_its_next_admission(cluster: Cluster) -> None:
+    """Editing gpuMemory of a running task posts SpecChangeIgnored and leaves its Job alone; once the
+    task is requeued (its Job deleted) it is admitted again with the new size, for the new generation."""
     await cluster.add_node("node-a", A10)
     await cluster.add_queue()
     async with running_operator(cluster):
         await cluster.submit(gputask("t", gpuMemory="2Gi"))
         await eventually(lambda: job_of(cluster, "t-1"))
-        await cluster.client.patch(GPUTASKS, "t", {"spec": {"gpuMemory": "20Gi"}}, "default")
+        await cluster.client.patch(GPUTASKS, "t", {"spec": {"gpuMemory": "6Gi"}}, "default")
 
         async def warned() -> list[tuple[str, str, str]]:
             return [e for e in await cluster.events_for("t") if e[0] == "Warning"]
 
         message = (
-            "spec changed while Job t-1 runs: the change applies only if the task is requeued; "
+            "spec changed while Job t-1 runs: it applies at the task's next admission (after an eviction); "
             "delete and re-create the GPUTask to apply it now"
         )
         assert await eventually(warned) == [("Warning", "SpecChangeIgnored", message)]
         assert [j["metadata"]["name"] for j in await cluster.client.list(JOBS, "default")] == ["t-1"]
+        await cluster.client.delete(JOBS, "t-1", "default")
+        job = await eventually(lambda: job_of(cluster, "t-2"))
+        status = (await cluster.task("t"))["status"]
+        observed = {c["type"]: c["observedGeneration"] for c in status["conditions"]}
+        assert (job["metadata"]["annotations"]["gputask.io/placement"], status["gpuMemory"],
+                status["observedGeneration"], observed["Admitted"]) == (
+            '{"node":"node-a","uuids":["GPU-a10-0"],"indices":[0],"memoryMiB":[6144]}', "6Gi", 2, 2
+        )  # fmt: skip
 
 
 async def test_pending_tasks_report_their_queue_position(cluster: Cluster) -> None:

@@ -43,7 +43,10 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "leaseName": "gputask-operator",
         "leaseNamespace": "",
         "leaseDuration": 15.0,
-        "leaseRenewInterval": 5.0,
+        "leaseRenewDeadline": 10.0,
+        "leaseRenewInterval": 2.0,
+        "podStartTimeout": 120.0,
+        "apiConcurrency": 16,
     }
 
 
@@ -72,7 +75,10 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "leaseName": "gputask-operator",
         "leaseNamespace": "",
         "leaseDuration": 15.0,
-        "leaseRenewInterval": 5.0,
+        "leaseRenewDeadline": 10.0,
+        "leaseRenewInterval": 2.0,
+        "podStartTimeout": 120.0,
+        "apiConcurrency": 16,
     }
 
 
@@ -116,8 +122,12 @@ def test_parse_duration_reads_every_documented_form() -> None:
         ),
         ("- cycleInterval", "FILE: expected a mapping, got list"),
         (
-            "leaseDuration: 5s\nleaseRenewInterval: 10s",
-            INVALID + "Value error, leaseRenewInterval (10s) must be shorter than leaseDuration (5s)",
+            "leaseDuration: 5s\nleaseRenewDeadline: 4s\nleaseRenewInterval: 10s",
+            INVALID + "Value error, leaseRenewInterval (10s) must be shorter than leaseRenewDeadline (4s)",
+        ),
+        (
+            "leaseDuration: 5s\nleaseRenewDeadline: 6s",
+            INVALID + "Value error, leaseRenewDeadline (6s) must be shorter than leaseDuration (5s)",
         ),
     ],
 )

@@ -11,7 +11,6 @@ from gputask.config import Config
 from gputask.k8s import client as client_module
 from gputask.k8s import rbac
 from gputask.k8s.client import KubeClient, Resource
-from gputask.k8s.controller import Controller
 from gputask.k8s.handlers import REBUILD_ORDER, Operator
 from gputask.k8s.rbac import Grant
 
@@ -96,7 +95,7 @@ def test_agent_rules_are_exactly_what_its_code_calls() -> None:
 
 def test_every_resource_kopf_watches_is_granted_list_and_watch() -> None:
     """Each resource the operator's kopf registry watches is granted list and watch."""
-    operator = Operator(Controller(Config()), KubeClient(k8s_client.ApiClient()))
+    operator = Operator(Config(), KubeClient(k8s_client.ApiClient()))
     watched = {
         (handler.selector.group or "", handler.selector.plural or handler.selector.any_name)
         for handler in operator.registry._watching.get_all_handlers()  # kopf has no public accessor

@@ -93,5 +93,8 @@ leaderElection: {{ toYaml $c.leaderElection }}
 leaseName: {{ include "gputask.leaseName" . }}
 leaseNamespace: {{ include "gputask.leaseNamespace" . }}
 leaseDuration: {{ toYaml $c.leaseDuration }}
+leaseRenewDeadline: {{ toYaml $c.leaseRenewDeadline }}
 leaseRenewInterval: {{ toYaml $c.leaseRenewInterval }}
+podStartTimeout: {{ toYaml $c.podStartTimeout }}
+apiConcurrency: {{ toYaml $c.apiConcurrency }}
 {{- end }}

@@ -18,11 +18,13 @@ Units: usage in milli-GPU and MiB (:data:`~gputask.core.quota.Usage`), times in 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState
-from gputask.core.model import Placement, Task, TaskKey
+from gputask.core.model import GpuRequest, Placement, Task, TaskKey
 from gputask.core.quota import QuotaBook, Usage, usage_of
+
+HOLD_PRIORITY = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -83,12 +85,31 @@ class Ledger:
         self.running[task.key] = entry
         return entry
 
-    def hold(self, key: TaskKey, task: Task, placement: Placement) -> None:
-        """Keep a departing workload's GPUs reserved (no quota) until :meth:`release`."""
+    def hold(self, key: TaskKey, placement: Placement, *, fit: bool = False) -> Placement | None:
+        """Keep a departing workload's GPUs reserved (no queue, no quota) until :meth:`release`.
+
+        With ``fit`` each GPU holds only what is free on it now, at most the slot's MiB (the part a
+        nominated preemptor took is its own); without it the whole placement is recorded even if it
+        over-commits (found at a restart). Returns what is held, None when nothing is.
+        """
         if key in self.held or not self.cluster.has_node(placement.node):
-            return
-        self.cluster.reserve(task, placement, force=True)
-        self.held[key] = placement
+            return None
+        slots = placement.gpus
+        if fit:
+            state = self.cluster.node(placement.node)
+            clipped = (
+                replace(slot, memory_mib=min(slot.memory_mib, state.free_mib(state.position[slot.index])))
+                for slot in slots
+                if slot.index in state.position and state.node.gpus[state.position[slot.index]].uuid == slot.uuid
+            )
+            slots = tuple(slot for slot in clipped if slot.memory_mib > 0)
+        if not slots:
+            return None
+        held = Placement(placement.node, slots)
+        request = GpuRequest(len(slots), memory_mib=max(s.memory_mib for s in slots))  # shared, never exclusive
+        self.cluster.reserve(Task(key, "", request, priority=HOLD_PRIORITY), held, force=True)
+        self.held[key] = held
+        return held
 
     def _book(self, task: Task, placement: Placement, now: float, *, charge: bool, force: bool) -> Entry:
         self.cluster.reserve(task, placement, force=force)

@@ -123,6 +123,8 @@ class Scheduler:
         self.health = NodeHealth(self.cluster, node_failure_grace_s)
         self.pending = QueueManager()
         self.reasons: dict[TaskKey, tuple[str, str, int]] = {}
+        self.deferred: dict[TaskKey, tuple[float, str, str]] = {}  # backoff: until (s), reason, message
+        self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         for node in nodes:
             self.set_node(node)
@@ -188,9 +190,25 @@ class Scheduler:
         if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
             self._carry.extend(self._evict_failed(self.health.take()))
 
-    def hold(self, key: TaskKey, task: Task, placement: Placement) -> None:
-        """Keep a departing workload's GPUs (a terminating Job) until :meth:`finish` of ``key``."""
-        self.ledger.hold(key, task, placement)
+    def hold(self, key: TaskKey, placement: Placement, *, fit: bool = False) -> Placement | None:
+        """Keep a departing workload's GPUs (a terminating Job) until :meth:`finish` of ``key``.
+
+        ``fit``: hold only what is free now of each GPU (after an eviction, whatever a nominated
+        preemptor did not take). Returns what is held.
+        """
+        return self.ledger.hold(key, placement, fit=fit)
+
+    def evict(self, key: TaskKey, reason: str, message: str, *, failure: bool = False) -> None:
+        """Evict a running task for something the adapter saw (its Job deleted, its pods never
+        starting); the next cycle emits the Evict. ``failure`` counts it against maxReschedules."""
+        entry = self.ledger.get(key)
+        if entry is None:
+            return
+        if failure:
+            self._carry.extend(self._evict_failed([FailureNotice(key, reason, message)]))
+            return
+        self.requeue(key)
+        self._carry.append(Evict(entry.task, entry.placement, reason, message))
 
     def set_reschedules(self, key: TaskKey, count: int) -> None:
         """Restore how many failure evictions a task has had (from its status, after a restart)."""
@@ -209,6 +227,8 @@ class Scheduler:
         """
         self.pending.discard(key)
         self.reasons.pop(key, None)
+        self.deferred.pop(key, None)
+        self.revisions.pop(key, None)
         if self._carry:  # in place: callers may hold the list (``self._carry.extend(...)``)
             self._carry[:] = [d for d in self._carry if d.task.key != key]
         released = self.ledger.release(key)
@@ -218,15 +238,33 @@ class Scheduler:
         """Release a running (or nominated) task and queue it again in its old place.
 
         For an eviction, or to undo an admission whose API write failed. The task keeps its
-        creation time, so it goes ahead of newer work. Returns the task, or None when it held
-        nothing. The adapter records the reason and the attempt.
+        creation time, so it goes ahead of newer work; it is queued as its latest revision
+        (:meth:`revise`). Returns the task queued, or None when it held nothing or its revision is
+        None. The adapter records the reason and the attempt.
         """
         entry = self.ledger.get(key)
         if entry is None:
             return None
+        revised = self.revisions.get(key, entry.task)
         self.finish(key)
-        self.pending.push(entry.task)
-        return entry.task
+        if revised is not None:
+            self.pending.push(revised)
+        return revised
+
+    def revise(self, key: TaskKey, task: Task | None) -> None:
+        """A placed task's spec changed: it is requeued as ``task`` (None: not requeued, its new spec
+        is invalid) when it is next evicted. A running task itself never changes under its placement."""
+        if self.ledger.get(key) is not None:
+            self.revisions[key] = task
+
+    def defer(self, key: TaskKey, until: float, reason: str, message: str) -> None:
+        """Hold a pending task back until ``until`` (seconds, the cycle's clock): it waits with
+        ``reason`` and is tried again at the first cycle at or after ``until`` (a backoff)."""
+        self.deferred[key] = (until, reason, message)
+
+    def undefer(self, key: TaskKey) -> None:
+        """Try a deferred task at the next cycle."""
+        self.deferred.pop(key, None)
 
     def victim_gone(self, key: TaskKey) -> None:
         """A preempted task's workload has terminated: its preemptor stops waiting for it."""
@@ -338,6 +376,11 @@ class Scheduler:
         return sorted(self.pending, key=lambda t: shares.get(t.queue, 0.0))  # stable: order within a share
 
     def _try(self, task: Task, memo: _CycleMemo, now: float) -> list[Decision]:
+        deferred = self.deferred.get(task.key)
+        if deferred is not None:
+            if now < deferred[0]:
+                return [Pending(task, deferred[1], deferred[2])]
+            del self.deferred[task.key]
         gate = self._queue_gate(task, memo)
         if gate is not None:
             return [gate]

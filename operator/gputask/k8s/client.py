@@ -1,9 +1,21 @@
 """The one narrow I/O boundary to the Kubernetes API (STYLE: httpx-like shape).
 
-:class:`KubeClient` wraps the well-kept ``kubernetes`` client's generic ``call_api`` (plain
-dicts in and out, no model classes) and runs each call in a worker thread so the asyncio
-loop never blocks. Errors are :class:`ApiError` with the HTTP status; a create that answers
-409 is :class:`AlreadyExists`, a stale resourceVersion is :class:`Conflict`.
+:class:`KubeApi` is the interface (plain dicts in and out); :class:`KubeClient` implements it
+on the well-kept ``kubernetes`` client's generic ``call_api`` (no model classes) and runs each
+call on a thread pool of its own, so the asyncio loop never blocks and the Lease's client
+(a second instance) never waits behind scheduling writes. :class:`gputask.testing.FakeKubeClient`
+is the in-process fake of the same interface.
+
+Errors::
+
+    ApiError                 an API call failed (``status``: HTTP code, 0 = unreachable)
+    ├── NotFound             404
+    ├── AlreadyExists        409 on create: an object of that name exists
+    ├── Conflict             409 on update: the resourceVersion was stale
+    └── Fenced               not sent: the guard (leadership) said no just before sending
+
+Writes carry ``fieldManager`` (``gputask-operator``, ``gputask-agent``) and the client sends a
+User-Agent of the same name, so managedFields name the writer instead of ``OpenAPI-Generator``.
 """
 
 from __future__ import annotations
@@ -11,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+
+from gputask import __version__
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -40,6 +55,17 @@ class AlreadyExists(ApiError):
 
 class Conflict(ApiError):
     """409 on update: the resourceVersion was stale."""
+
+
+class Fenced(ApiError):
+    """A write not sent because its guard (this replica's leadership) was gone just before sending."""
+
+    def __init__(self, message: str = "this replica does not hold the leader Lease") -> None:
+        super().__init__(0, "NotLeader", message)
+
+
+Guard = Callable[[], bool]
+"""Asked in the worker thread right before a request is sent; False abandons it (:class:`Fenced`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +107,13 @@ LOCALQUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues")
 ADMISSIONCHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", namespaced=False)
 
 
-def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
-    """An ApiClient from ``kubeconfig``, else the in-cluster config, else ~/.kube/config."""
+def load_api_client(
+    kubeconfig: str | None = None, *, user_agent: str = "gputask-operator", pool_size: int = 16
+) -> k8s_client.ApiClient:
+    """An ApiClient from ``kubeconfig``, else the in-cluster config, else ~/.kube/config.
+
+    ``pool_size`` bounds the HTTP connections kept per host (size it like the thread pool).
+    """
     configuration = k8s_client.Configuration()
     if kubeconfig:
         if not os.path.isfile(os.path.expanduser(kubeconfig)):
@@ -93,14 +124,75 @@ def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=configuration)
-    return k8s_client.ApiClient(configuration)
+    configuration.connection_pool_maxsize = pool_size
+    api = k8s_client.ApiClient(configuration)
+    api.user_agent = f"{user_agent}/{__version__}"
+    return api
+
+
+class KubeApi(Protocol):
+    """The verbs the operator and the agent use; every method raises :class:`ApiError` on failure.
+
+    ``guard`` (writes only) is asked right before the request is sent; False raises :class:`Fenced`.
+    """
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """GET one object."""
+        ...
+
+    async def list(
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None, fields: str | None = None
+    ) -> list[dict[str, Any]]:
+        """LIST objects, optionally by label and field selector."""
+        ...
+
+    async def create(
+        self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *, guard: Guard | None = None
+    ) -> dict[str, Any]:
+        """POST a new object; AlreadyExists on 409."""
+        ...
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+        guard: Guard | None = None,
+    ) -> dict[str, Any]:
+        """JSON merge-patch an object or its /status; Conflict on a stale resourceVersion."""
+        ...
+
+    async def replace(
+        self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None, *,
+        guard: Guard | None = None,
+    ) -> dict[str, Any]:
+        """PUT a whole object; Conflict on a stale resourceVersion."""
+        ...
+
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, *, propagation: str = "Background",
+        guard: Guard | None = None,
+    ) -> bool:
+        """DELETE an object; False when it did not exist."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and threads."""
+        ...
 
 
 class KubeClient:
-    """Async CRUD on plain dicts. Every method raises ApiError (or a subclass) on failure."""
+    """:class:`KubeApi` over a ``kubernetes`` ApiClient, on a thread pool of ``workers`` threads."""
 
-    def __init__(self, api: k8s_client.ApiClient) -> None:
+    def __init__(
+        self, api: k8s_client.ApiClient, *, workers: int = 16, field_manager: str = "gputask-operator"
+    ) -> None:
         self._api = api
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=field_manager)
+        self.field_manager = field_manager
 
     async def _call(
         self,
@@ -110,12 +202,19 @@ class KubeClient:
         body: Any = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        guard: Guard | None = None,
     ) -> dict[str, Any]:
+        params = dict(query or {})
+        if method in ("POST", "PUT", "PATCH"):
+            params["fieldManager"] = self.field_manager
+
         def call() -> tuple[int, bytes, str]:
+            if guard is not None and not guard():
+                raise Fenced()
             verb, url, headers, payload, post = self._api.param_serialize(
                 method,
                 path,
-                query_params=list((query or {}).items()),
+                query_params=list(params.items()),
                 header_params={"Content-Type": content_type, "Accept": "application/json"},
                 body=body,
                 auth_settings=["BearerToken"],
@@ -125,7 +224,7 @@ class KubeClient:
             return response.status, response.data or b"", response.reason or ""
 
         try:
-            status, data, reason = await asyncio.to_thread(call)
+            status, data, reason = await asyncio.get_running_loop().run_in_executor(self._pool, call)
         except ApiException as exc:
             raise _error(int(exc.status or 0), exc.reason or "", exc.body, method) from None
         except OSError as exc:  # connection refused, DNS: the server is unreachable
@@ -156,9 +255,11 @@ class KubeClient:
         result = await self._call("GET", res.path(namespace), query=query or None)
         return list(result.get("items") or [])
 
-    async def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    async def create(
+        self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *, guard: Guard | None = None
+    ) -> dict[str, Any]:
         """POST a new object; AlreadyExists on 409."""
-        return await self._call("POST", res.path(namespace), body=dict(body))
+        return await self._call("POST", res.path(namespace), body=dict(body), guard=guard)
 
     async def patch(
         self,
@@ -168,31 +269,35 @@ class KubeClient:
         namespace: str | None = None,
         *,
         status: bool = False,
+        guard: Guard | None = None,
     ) -> dict[str, Any]:
         """JSON merge-patch an object (or its /status); Conflict when a given resourceVersion is stale."""
         path = res.path(namespace, name, "status" if status else None)
-        return await self._call("PATCH", path, body=dict(patch), content_type=MERGE_PATCH)
+        return await self._call("PATCH", path, body=dict(patch), content_type=MERGE_PATCH, guard=guard)
 
     async def replace(
-        self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None
+        self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None, *,
+        guard: Guard | None = None,
     ) -> dict[str, Any]:
         """PUT a whole object; Conflict when its metadata.resourceVersion is stale."""
-        return await self._call("PUT", res.path(namespace, name), body=dict(body))
+        return await self._call("PUT", res.path(namespace, name), body=dict(body), guard=guard)
 
     async def delete(
-        self, res: Resource, name: str, namespace: str | None = None, *, propagation: str = "Background"
+        self, res: Resource, name: str, namespace: str | None = None, *, propagation: str = "Background",
+        guard: Guard | None = None,
     ) -> bool:
         """DELETE an object with the given propagation policy; False when it did not exist."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         try:
-            await self._call("DELETE", res.path(namespace, name), body=body)
+            await self._call("DELETE", res.path(namespace, name), body=body, guard=guard)
         except NotFound:
             return False
         return True
 
     async def close(self) -> None:
-        """Release the connection pool."""
+        """Release the connection pool and the threads."""
         await asyncio.to_thread(self._api.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _error(status: int, http_reason: str, body: Any, method: str) -> ApiError:

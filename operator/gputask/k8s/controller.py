@@ -1,12 +1,15 @@
-"""The operator's in-memory view: the core Scheduler plus what it needs from the API.
+"""The operator's state: task and Job records around the core scheduler. Synchronous, no I/O.
 
-Watch handlers call the ``on_*`` methods here; they only feed the scheduler and never decide
-(STYLE: Kueue). Everything here can be rebuilt from GPUTasks, Jobs, Nodes, GPUNodes,
-GPUClusterQueues, PriorityClasses and Namespaces (:meth:`Controller.rebuild_from`), which is
-what a restarted (or newly elected) operator does before it admits anything.
+Watch handlers feed it (:meth:`Controller.on_task`, :meth:`on_job`, ... ); it feeds the core and
+never writes to the API itself. What must be reported (an invalid spec, a finished Job, a pod
+that started) is queued in :attr:`Controller.outbox` for the scheduling loop to publish through
+:class:`~gputask.k8s.tasks.Transitions`. Everything here can be rebuilt from GPUTasks, Jobs,
+Nodes, GPUNodes, GPUClusterQueues, PriorityClasses and Namespaces (:meth:`Controller.rebuild`),
+which is what a restarted (or newly elected) operator does before it admits anything.
 
-A Job that is being deleted (an evicted task's) keeps its GPUs reserved under a separate key
-until it is gone, so neither a requeued task nor a restart can double-book them.
+A Job that is going away (being deleted, or the Job of a task that no longer claims it) keeps its
+GPUs reserved in the core under :func:`holding_key` until it is gone, so neither a requeued task
+nor a restart can double-book them.
 """
 
 from __future__ import annotations
@@ -14,41 +17,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gputask.config import Config
-from gputask.core import GpuRequest, InvalidTaskError, Placement, Scheduler, Task, TaskKey, make_policy, task_key
+from gputask.core import InvalidTaskError, Placement, Scheduler, Task, TaskKey, make_policy, task_key
 from gputask.k8s import convert
-from gputask.k8s.inventory import WORKLOAD_PRIORITY_LABEL, Inventory
+from gputask.k8s.foreign import ForeignPods
+from gputask.k8s.inventory import Inventory
 from gputask.k8s.jobs import ATTEMPT_ANNOTATION, PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, parse_placement
+from gputask.k8s.tasks import (
+    ADMITTED,
+    FAILED,
+    FINISHED_PHASES,
+    PENDING,
+    PLACED_PHASES,
+    RUNNING,
+    SUCCEEDED,
+    Backoff,
+    TaskRecord,
+    status_behind,
+)
 
 log = logging.getLogger("gputask.controller")
 
-PENDING, ADMITTED, RUNNING, SUCCEEDED, FAILED = "Pending", "Admitted", "Running", "Succeeded", "Failed"
-FINISHED_PHASES = (SUCCEEDED, FAILED)
-HOLD_PRIORITY = 2**31 - 1
-
-
-@dataclass(slots=True)
-class TaskRecord:
-    """What the operator knows of one GPUTask (by ``namespace/name``)."""
-
-    key: TaskKey
-    uid: str
-    obj: dict[str, Any]
-    task: Task | None = None
-    phase: str = PENDING
-    attempt: int = 0
-    job_name: str | None = None
-    placement: Placement | None = None
-    invalid: tuple[str, str] | None = None
-    deleting: bool = False
-    reschedules: int = 0
-    spec_ignored: bool = False
-    queue_position: int | None = None
-    last_wait: tuple[str, str] | None = None
-    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
+JOB_DELETED = "JobDeleted"
 
 
 @dataclass(slots=True)
@@ -67,6 +61,16 @@ class JobRecord:
     def key(self) -> str:
         """``namespace/name`` of the Job."""
         return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Something the loop must publish about a task: ``kind`` is invalid, blocked, spec-ignored,
+    finished (``detail`` = outcome), running or restored (``detail`` = message)."""
+
+    kind: str
+    record: TaskRecord
+    detail: str = ""
 
 
 def job_outcome(job: Mapping[str, Any]) -> str | None:
@@ -102,26 +106,33 @@ def job_record(obj: Mapping[str, Any]) -> JobRecord | None:
 
 
 def holding_key(job: JobRecord) -> TaskKey:
-    """Scheduler key under which a terminating Job keeps its GPUs until it is gone."""
+    """Scheduler key under which a departing Job keeps its GPUs until it is gone."""
     return TaskKey(f"{job.key}#terminating")
 
 
 class Controller:
-    """Scheduler plus API-derived lookups. Synchronous; never raises on bad input."""
+    """Task and Job records, the inventory and the core scheduler. Never raises on bad input."""
 
-    def __init__(self, config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None, *, foreign: ForeignPods | None = None) -> None:
         self.config = config or Config()
+        self.foreign = foreign or ForeignPods()  # fed by pod events even while not leading
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything but the configuration and the foreign-pod index (before a rebuild)."""
         self.scheduler = Scheduler(
             policy=make_policy(self.config.policy), node_failure_grace_s=self.config.node_failure_grace_period_s
         )
-        self.inventory = Inventory(self.scheduler, self.config)
+        self.inventory = Inventory(self.scheduler, self.config, self.foreign)
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.by_uid: dict[str, TaskRecord] = {}
         self.jobs: dict[str, JobRecord] = {}  # by "namespace/name"
         self.jobs_of_task: dict[str, dict[str, JobRecord]] = {}  # task uid -> Job key -> Job
-        self.held: dict[str, TaskKey] = {}  # terminating Job key -> holding key in the scheduler
+        self.held: dict[str, TaskKey] = {}  # departing Job key -> holding key in the scheduler
+        self.blocked_on: dict[str, set[TaskKey]] = {}  # (Workload)PriorityClass name -> tasks waiting for it
+        self.outbox: list[Report] = []
 
-    # -- lookups ------------------------------------------------------------------------
+    # -- lookups ------------------------------------------------------------------------------------
     def record_by_uid(self, uid: str) -> TaskRecord | None:
         """The task record with metadata.uid ``uid``."""
         return self.by_uid.get(uid)
@@ -131,37 +142,56 @@ class Controller:
         jobs = [j for j in self.jobs_of_task.get(record.uid, {}).values() if not j.terminating]
         return max(jobs, key=lambda j: j.attempt, default=None)
 
-    # -- jobs -----------------------------------------------------------------------------
+    def take_reports(self) -> list[Report]:
+        """What is to be published, in the order it happened; the outbox is emptied."""
+        reports, self.outbox = self.outbox, []
+        return reports
+
+    # -- jobs ---------------------------------------------------------------------------------------
     def on_job(self, obj: Mapping[str, Any]) -> JobRecord | None:
-        """Record one of our Jobs (None for a Job without our task-uid annotation)."""
+        """One of our Jobs was added or changed: remember it; report its end; hold it if it goes away."""
         job = job_record(obj)
-        if job is not None:
-            self._remember(job)
+        if job is None:
+            return None
+        self._remember(job)
+        record = self.by_uid.get(job.task_uid)
+        current = record is not None and record.job_name == job.name and record.phase in PLACED_PHASES
+        if job.terminating and not current:
+            self.hold(job)
+        if current and job.outcome is not None:
+            assert record is not None
+            self.scheduler.finish(record.key)
+            self.outbox.append(Report("finished", record, job.outcome))
+        elif current and record is not None and record.phase == ADMITTED and _active(obj):
+            self.outbox.append(Report("running", record, f"Job {job.name} is running"))
         return job
 
     def _remember(self, job: JobRecord) -> None:
         self.jobs[job.key] = job
         self.jobs_of_task.setdefault(job.task_uid, {})[job.key] = job
 
-    def _hold(self, job: JobRecord) -> None:
-        """Keep a terminating Job's GPUs reserved until it is gone (after a deletion or a restart).
+    def hold(self, job: JobRecord, *, fit: bool = False) -> None:
+        """Keep a departing Job's GPUs reserved until it is gone (after an eviction or at a restart).
 
-        The hold has no queue, so it charges no quota and no preemption can pick it.
+        ``fit`` holds only what is free of each GPU now (what a nominated preemptor took is its own).
         """
         if job.key in self.held or job.placement is None or job.outcome is not None:
             return
         key = holding_key(job)
-        slots = job.placement.gpus
-        request = GpuRequest(len(slots), memory_mib=max((g.memory_mib for g in slots), default=0))
-        self.scheduler.hold(key, Task(key, "", request, priority=HOLD_PRIORITY), job.placement)
-        self.held[job.key] = key
+        if self.scheduler.hold(key, job.placement, fit=fit) is not None:
+            self.held[job.key] = key
 
     def on_job_deleted(self, obj: Mapping[str, Any]) -> JobRecord | None:
-        """Forget a Job and release what it held; returns what was known of it."""
+        """A Job is gone: release what it held; a placed task whose current Job it was is evicted."""
         meta = obj["metadata"]
-        job = self.jobs.pop(f"{meta.get('namespace') or 'default'}/{meta['name']}", None) or job_record(obj)
-        if job is None:
-            return None
+        job = self.jobs.get(f"{meta.get('namespace') or 'default'}/{meta['name']}") or job_record(obj)
+        if job is not None:
+            self.job_gone(job)
+        return job
+
+    def job_gone(self, job: JobRecord) -> None:
+        """Forget a Job that no longer exists (its DELETED event, or a delete that found nothing)."""
+        self.jobs.pop(job.key, None)
         siblings = self.jobs_of_task.get(job.task_uid, {})
         siblings.pop(job.key, None)
         if not siblings:
@@ -170,11 +200,14 @@ class Controller:
         if held is not None:
             self.scheduler.finish(held)
         record = self.by_uid.get(job.task_uid)
-        if record is not None:
-            self.scheduler.victim_gone(record.key)
-        return job
+        if record is None:
+            return
+        self.scheduler.victim_gone(record.key)
+        if record.job_name == job.name and record.phase in PLACED_PHASES and job.outcome is None:
+            message = f"Job {job.name} was deleted while the task ran; requeued"
+            self.scheduler.evict(record.key, JOB_DELETED, message)
 
-    # -- tasks ----------------------------------------------------------------------------
+    # -- tasks --------------------------------------------------------------------------------------
     def convert_task(self, obj: Mapping[str, Any]) -> Task:
         """Core Task of a GPUTask body; raises InvalidTaskError (also for a missing pod template)."""
         spec = obj.get("spec") or {}
@@ -195,9 +228,9 @@ class Controller:
     def on_task(self, obj: dict[str, Any]) -> TaskRecord:
         """Take a GPUTask body (added or modified) and return its record.
 
-        A new or changed pending task is (re)queued; an invalid one is recorded in
-        ``record.invalid`` for the executor to report; a running or finished one is left alone
-        (its resolved priority never changes under it).
+        A new or changed pending task is (re)queued; an invalid one is reported; a placed one is
+        left alone, and a spec change is reported as applying only when it is requeued (its next
+        admission converts the spec again); a finished one stays finished.
         """
         meta = obj["metadata"]
         key = task_key(meta.get("namespace") or "default", meta["name"])
@@ -209,36 +242,90 @@ class Controller:
             record = TaskRecord(key, str(meta.get("uid")), obj)
             self.tasks[key], self.by_uid[record.uid] = record, record
             self._adopt_status(record, obj)
-        old_spec, old_labels = (record.obj.get("spec"), (record.obj["metadata"].get("labels") or {}))
+        old_spec, old_labels = record.obj.get("spec"), (record.obj["metadata"].get("labels") or {})
         record.obj = obj
-        if record.phase in (ADMITTED, RUNNING) and old_spec != obj.get("spec"):
-            record.spec_ignored = True  # a running Job cannot change; the executor says so once
-        if record.deleting or (record.phase != PENDING and record.invalid is None):
+        changed = old_spec != obj.get("spec") or old_labels != (meta.get("labels") or {})
+        if record.phase in PLACED_PHASES:
+            if changed:
+                self._revise(record, spec_changed=old_spec != obj.get("spec"))
             return record
-        same = old_spec == obj.get("spec") and old_labels == (meta.get("labels") or {})
-        if same and (record.task is not None or record.invalid is not None):
+        if record.deleting or (record.phase in FINISHED_PHASES and record.invalid is None):
             return record
-        self.requeue(record)
+        if changed or (record.task is None and record.invalid is None and record.blocked is None):
+            self.requeue(record)
         return record
 
     def requeue(self, record: TaskRecord) -> None:
-        """(Re)convert a pending task and queue it, or record why it is invalid."""
+        """(Re)convert a task from its current spec and queue it, or report why it cannot be."""
+        self._unblock(record)
         try:
             record.task = self.convert_task(record.obj)
-            record.invalid, record.phase = None, PENDING
-            if self.config.queueing == "kueue":
-                return  # Kueue admits; gputask places when Kueue asks (gputask.k8s.kueue_admission)
-            self.scheduler.set_reschedules(record.key, record.reschedules)
-            self.scheduler.submit(record.task)
         except InvalidTaskError as exc:
-            record.task, record.invalid = None, (exc.reason, exc.message)
+            record.task = None
             self.scheduler.finish(record.key)
+            if exc.reason == PRIORITY_CLASS_NOT_FOUND:
+                self._block(record, exc)
+            else:
+                record.invalid, record.blocked = (exc.reason, exc.message), None
+                self.outbox.append(Report("invalid", record))
+            return
+        record.generation = int(record.obj["metadata"].get("generation") or 0)
+        record.invalid = record.blocked = None
+        if record.backoff.failures and record.backoff.generation != record.generation:
+            record.backoff = Backoff()  # a new spec: its Job is tried at once
+            self.scheduler.undefer(record.key)
+        if record.phase == FAILED:  # an invalid spec mended: it is a pending task again
+            record.phase = PENDING
+        if self.config.queueing == "kueue":
+            return  # Kueue admits; gputask places when Kueue asks (gputask.k8s.kueue_admission)
+        self.scheduler.set_reschedules(record.key, record.reschedules)
+        self.scheduler.submit(record.task)
+
+    def _revise(self, record: TaskRecord, *, spec_changed: bool) -> None:
+        """A placed task's spec changed: it runs on as admitted; its next admission takes the new spec."""
+        try:
+            task = self.convert_task(record.obj)
+        except InvalidTaskError as exc:
+            record.revision, record.revision_error = None, (exc.reason, exc.message)
+            self.scheduler.revise(record.key, None)
+        else:
+            record.revision = (task, int(record.obj["metadata"].get("generation") or 0))
+            record.revision_error = None
+            self.scheduler.revise(record.key, task)
+        if spec_changed:
+            self.outbox.append(Report("spec-ignored", record))
+
+    def _block(self, record: TaskRecord, exc: InvalidTaskError) -> None:
+        """Wait outside the queues until the named priority class exists (GitOps order)."""
+        record.blocked, record.invalid = (exc.reason, exc.message), None
+        self.blocked_on.setdefault(convert.priority_class_name(record.obj) or "", set()).add(record.key)
+        self.outbox.append(Report("blocked", record))
+
+    def _unblock(self, record: TaskRecord) -> None:
+        if record.blocked is not None:
+            waiting = self.blocked_on.get(convert.priority_class_name(record.obj) or "")
+            if waiting is not None:
+                waiting.discard(record.key)
+
+    def on_priority_class(self, obj: Mapping[str, Any], *, kueue: bool, deleted: bool = False) -> None:
+        """A (Workload)PriorityClass changed: tasks waiting for that name are converted again."""
+        if kueue:
+            self.inventory.on_workload_priority_class(obj, deleted)
+        else:
+            self.inventory.on_priority_class(obj, deleted)
+        name = str((obj.get("metadata") or {}).get("name"))
+        for key in sorted(self.blocked_on.pop(name, set())) if not deleted else ():
+            record = self.tasks.get(key)
+            if record is not None and record.blocked is not None:
+                record.blocked = None
+                self.requeue(record)
 
     def _adopt_status(self, record: TaskRecord, obj: Mapping[str, Any]) -> None:
         """After a restart: take attempt and conditions from status and the placement from our Job."""
         status = obj.get("status") or {}
         record.attempt = _int(status.get("attempt"))
         record.reschedules = _int(status.get("reschedules"))
+        record.admitted_at = status.get("admittedAt") if isinstance(status.get("admittedAt"), str) else None
         for cond in status.get("conditions") or []:
             if isinstance(cond, Mapping) and "type" in cond:
                 record.conditions[cond["type"]] = dict(cond)
@@ -248,20 +335,22 @@ class Controller:
         job = self.job_of(record)
         if job is None or job.placement is None:
             return
-        if job.outcome is not None:
-            record.phase = job.outcome
+        if job.outcome is not None:  # it ended while no operator watched: say so now
+            record.phase, record.job_name, record.attempt = ADMITTED, job.name, job.attempt
+            self.outbox.append(Report("finished", record, job.outcome))
             return
         try:
             record.task = self.convert_task(obj)
         except InvalidTaskError:
             return
+        record.generation = int(status.get("observedGeneration") or obj["metadata"].get("generation") or 0)
         record.phase = RUNNING if status.get("phase") == RUNNING else ADMITTED
         record.attempt, record.job_name, record.placement = job.attempt, job.name, job.placement
         self.scheduler.set_reschedules(record.key, record.reschedules)
         self.scheduler.restore(record.task, job.placement, time.time())
 
     def on_task_deleted(self, obj: Mapping[str, Any]) -> TaskRecord | None:
-        """A GPUTask is gone: forget it; its GPUs are released once its Job is gone too."""
+        """A GPUTask is gone (or being deleted): forget it; its Job keeps its GPUs until it is gone too."""
         meta = obj["metadata"]
         key = task_key(meta.get("namespace") or "default", meta["name"])
         record = self.tasks.get(key)
@@ -269,37 +358,27 @@ class Controller:
             return None
         record.deleting = True
         job = self.job_of(record)
-        if job is not None and job.outcome is None and record.phase in (ADMITTED, RUNNING):
+        if job is not None and job.outcome is None and record.phase in PLACED_PHASES:
             self.scheduler.finish(key)
-            self._hold(job)  # the Job's pods still run until it is gone
+            self.hold(job)  # the Job's pods still run until it is gone
         self._forget(record)
         return record
 
     def _forget(self, record: TaskRecord) -> None:
+        self._unblock(record)
         self.scheduler.finish(record.key)
         if self.tasks.get(record.key) is record:
             del self.tasks[record.key]
         self.by_uid.pop(record.uid, None)
 
-    def current_job_gone(self, job: JobRecord) -> TaskRecord | None:
-        """A live task whose current Job disappeared under it (someone deleted it), else None."""
-        record = self.by_uid.get(job.task_uid)
-        if record is None or record.job_name != job.name or record.phase not in (ADMITTED, RUNNING):
-            return None
-        return record
-
-    def finish_task(self, record: TaskRecord, outcome: str) -> None:
-        """A task's Job finished: release its GPUs and quota."""
-        self.scheduler.finish(record.key)
-        record.phase = outcome
-
-    # -- restart ----------------------------------------------------------------------------
-    def rebuild_from(self, objects: Mapping[str, Iterable[dict[str, Any]]], now: float | None = None) -> None:
-        """Rebuild everything from listed objects, in dependency order.
+    # -- restart ------------------------------------------------------------------------------------
+    def rebuild(self, objects: Mapping[str, Iterable[dict[str, Any]]], now: float | None = None) -> None:
+        """Start over from listed objects, in dependency order.
 
         ``objects`` maps kinds (priorityclasses, workloadpriorityclasses, namespaces, nodes,
         gpunodes, queues, jobs, tasks) to lists of object dicts.
         """
+        self.reset()
         now = time.time() if now is None else now
         inv = self.inventory
         for obj in objects.get("priorityclasses", ()):
@@ -324,7 +403,15 @@ class Controller:
         for job in jobs:
             record = self.by_uid.get(job.task_uid)
             if job.terminating or record is None or record.job_name != job.name:
-                self._hold(job)  # an old attempt, or a deleted task's Job, still on its GPUs
+                self.hold(job)  # an old attempt, or a deleted task's Job, still on its GPUs
+        for record in self.tasks.values():
+            if record.phase in PLACED_PHASES and status_behind(record):
+                # a restart between creating the Job and writing the status: finish the write
+                self.outbox.append(Report("restored", record, f"Admitted (Job {record.job_name} found at restart)"))
+
+
+def _active(job: Mapping[str, Any]) -> bool:
+    return bool(((job.get("status") or {}).get("active") or 0) > 0)
 
 
 def _int(value: Any) -> int:
@@ -338,8 +425,8 @@ __all__ = [
     "PENDING",
     "RUNNING",
     "SUCCEEDED",
-    "WORKLOAD_PRIORITY_LABEL",
     "Controller",
     "JobRecord",
+    "Report",
     "TaskRecord",
 ]

@@ -169,6 +169,14 @@ def task_from_manifest(
     )
 
 
+def priority_class_name(obj: Mapping[str, Any]) -> str | None:
+    """The priority class a GPUTask names: ``spec.priorityClassName``, else the Kueue label; None for none."""
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    name = spec.get("priorityClassName") or labels.get(PRIORITY_LABEL)
+    return str(name) if name else None
+
+
 def label_selector(raw: Any) -> LabelSelector:
     """Core LabelSelector of a metav1.LabelSelector dict (None = everything); raises InvalidQueueError."""
     return _selector(raw)

@@ -1,72 +1,288 @@
-"""Carry out the core's decisions through the API: Jobs, GPUTask status, Events.
+"""Carry out the core's decisions and the controller's reports through the API.
 
-Admit: create the pinned Job (409 = already done), then patch the GPUTask's status and post an
-``Admitted`` Event; if the Job cannot be created, undo the assumption in the core so the task
-is tried again. Pending: patch the condition and post an Event when the reason changes.
-API failures are logged and counted, never raised into the loop.
+- Admit: create the pinned Job (409 with our placement = already done), then record the admission.
+  A Job the API server refuses (422 Invalid, 403 quota, any error) gives the task back to the core,
+  which holds it back for a backoff (10 s doubling to 5 min; a new spec starts over), and the task
+  says why: condition ``Admitted=False`` reason ``JobRejected`` with the API's message, and a
+  Warning Event. At most one failed Job create per task per backoff step.
+- Pending: the wait reason; Evict: the task requeued, its Job deleted (retried with backoff until
+  it is gone, its GPUs held meanwhile); Fail: Failed for good.
+Every write goes through the :class:`~gputask.k8s.writer.Writer`; every task transition through
+:class:`~gputask.k8s.tasks.Transitions`. API failures are handled here, never raised into the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s.client import (
-    EVENTS,
-    GPUCLUSTERQUEUES,
-    GPUTASKS,
-    JOBS,
-    AlreadyExists,
-    ApiError,
-    Conflict,
-    KubeClient,
-    NotFound,
-)
-from gputask.k8s.controller import ADMITTED, FAILED, PENDING, Controller, TaskRecord
-from gputask.k8s.jobs import TASK_UID_ANNOTATION, build_job, job_name
+from gputask.k8s.client import GPUCLUSTERQUEUES, JOBS, AlreadyExists, ApiError, Fenced, NotFound
+from gputask.k8s.controller import Controller, JobRecord, Report
+from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
+from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe
+from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
 
 log = logging.getLogger("gputask.executor")
 
-COMPONENT = "gputask-operator"
 CONCURRENCY = 16
-CONFLICT_RETRIES = 5
+JOB_REJECTED = "JobRejected"
+BACKOFF_BASE_S = 10.0
+BACKOFF_MAX_S = 300.0
+FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting")
 
 
-def now_rfc3339() -> str:
-    """Current UTC time as RFC 3339 with a Z suffix."""
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+def backoff_s(failures: int) -> float:
+    """Seconds to wait after the ``failures``-th failure in a row: 10 s doubling, at most 5 min."""
+    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
 
 
-def set_condition(record: TaskRecord, ctype: str, status: bool, reason: str, message: str) -> None:
-    """Set a metav1.Condition on the record, moving lastTransitionTime only when status flips."""
-    value = "True" if status else "False"
-    old = record.conditions.get(ctype)
-    changed = old is None or old.get("status") != value
-    record.conditions[ctype] = {
-        "type": ctype,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now_rfc3339() if changed else old["lastTransitionTime"],
-        "observedGeneration": record.obj["metadata"].get("generation", 1),
-    }
+@dataclass(slots=True)
+class Deletion:
+    """A Job to delete until it is gone: its propagation policy, failures so far, next try (monotonic s)."""
+
+    job: JobRecord
+    propagation: str
+    failures: int = 0
+    retry_at: float = 0.0
 
 
-def placement_status(placement: Placement | None) -> dict[str, Any] | None:
-    """The ``status.placement`` object of a placement."""
-    if placement is None:
-        return None
-    return {
-        "node": placement.node,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in placement.gpus],
-    }
+class Executor:
+    """Applies decisions and reports; owns no scheduling state but the Job deletions still to retry."""
+
+    def __init__(
+        self, controller: Controller, writer: Writer, metrics: OperatorMetrics | None = None, *, concurrency: int = 16
+    ) -> None:
+        self.controller = controller
+        self.writer = writer
+        self.transitions = Transitions(writer)
+        self.metrics = metrics or writer.metrics
+        self.deletions: dict[str, Deletion] = {}  # Job key -> deletion to retry
+        self._queue_reports: dict[str, dict[str, Any]] = {}
+        self._limit = asyncio.Semaphore(concurrency)
+
+    # -- decisions ------------------------------------------------------------------------------------
+    async def apply(self, decisions: Iterable[Decision]) -> None:
+        """Apply decisions: one task's in order (an Evict before its re-Admit), tasks concurrently."""
+        per_task: dict[str, list[Decision]] = {}
+        for decision in decisions:
+            per_task.setdefault(decision.task.key, []).append(decision)
+        await asyncio.gather(*(self._in_order(group) for group in per_task.values()))
+
+    async def _in_order(self, group: list[Decision]) -> None:
+        for decision in group:
+            async with self._limit:
+                if isinstance(decision, Admit):
+                    await self.admit(decision)
+                elif isinstance(decision, Pending):
+                    await self.pending(decision)
+                elif isinstance(decision, Evict):
+                    await self.evict(decision)
+                elif isinstance(decision, Fail):
+                    await self.fail(decision)
+
+    async def admit(self, decision: Admit) -> None:
+        """Create the Job of an admission, then record it; a refusal backs the task off."""
+        key, scheduler = decision.task.key, self.controller.scheduler
+        record = self.controller.tasks.get(key)
+        if record is None or record.deleting:
+            scheduler.finish(key)
+            return
+        if record.revision is not None and record.revision[0] is decision.task:
+            record.task, record.generation = record.revision  # admitted as edited: the status says so
+            record.revision = None
+        attempt = record.attempt + 1
+        try:
+            job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # conversion should have refused it
+            log.error("building the Job of %s failed: %r", key, exc)
+            await self._rejected(record, f"the pod template cannot be made into a Job: {exc!r}")
+            return
+        name, placement = job["metadata"]["name"], decision.placement
+        try:
+            await self.writer.create(JOBS, job, record.namespace)
+        except AlreadyExists:
+            found = await self._existing(record, job)
+            if found is None:
+                return
+            placement = found
+        except Fenced:
+            scheduler.requeue(key)  # not leading any more: the next leader decides
+            return
+        except ApiError as exc:
+            await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
+            return
+        if attempt == 1 and decision.task.created:
+            self.metrics.latency.observe(max(0.0, time.time() - decision.task.created))
+        message = f"Admitted by GPUClusterQueue {decision.task.queue!r} on {describe(placement)}"
+        quota = f"quota reserved in {decision.task.queue!r}"
+        await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
+                                        message=message)
+
+    async def _existing(self, record: TaskRecord, job: Mapping[str, Any]) -> Placement | None:
+        """A Job of that name exists (a lost create answer, or another replica's): when it is this task's,
+        its placement wins and is taken into the books (never two beliefs); None when it is not ours."""
+        meta, scheduler = job["metadata"], self.controller.scheduler
+        try:
+            found = await self.writer.client.get(JOBS, meta["name"], meta["namespace"])
+        except ApiError:
+            found = {}
+        annotations = (found.get("metadata") or {}).get("annotations") or {}
+        placement = parse_placement(annotations.get(PLACEMENT_ANNOTATION))
+        if annotations.get(TASK_UID_ANNOTATION) != record.uid or placement is None:
+            # a Job of a deleted task of the same name, not yet garbage-collected: try again later
+            log.info("Job %s/%s belongs to an earlier task of that name; requeued", meta["namespace"], meta["name"])
+            scheduler.requeue(record.key)
+            return None
+        entry = scheduler.ledger.get(record.key)
+        if entry is not None and entry.placement != placement:
+            log.warning("Job %s/%s exists on %s, not on the %s just chosen: adopting its placement",
+                        meta["namespace"], meta["name"], describe(placement), describe(entry.placement))
+            scheduler.finish(record.key)
+            scheduler.restore(entry.task, placement, time.time())
+            self.metrics.adopted.inc()
+        else:
+            log.info("Job %s/%s exists already: taking it as created", meta["namespace"], meta["name"])
+        return placement
+
+    async def _rejected(self, record: TaskRecord, why: str) -> None:
+        """Give the task back to the core, held back for the next backoff step, and say why."""
+        scheduler, backoff = self.controller.scheduler, record.backoff
+        if backoff.generation != record.generation:
+            backoff.failures = 0
+        backoff.failures += 1
+        backoff.generation = record.generation
+        delay = backoff_s(backoff.failures)
+        backoff.retry_at = time.monotonic() + delay
+        message = f"{why}; retried in {delay:g}s (attempt {backoff.failures})"
+        scheduler.requeue(record.key)
+        scheduler.defer(record.key, time.time() + delay, JOB_REJECTED, message)
+        log.warning("task %s: %s", record.key, message)
+        await self.transitions.rejected(record, JOB_REJECTED, message)
+
+    async def pending(self, decision: Pending) -> None:
+        """Record why a task waits (an Event only for a new reason)."""
+        record = self.controller.tasks.get(decision.task.key)
+        if record is None or record.phase != PENDING or record.blocked is not None or record.invalid is not None:
+            return
+        if decision.reason == JOB_REJECTED and record.last_wait == (decision.reason, decision.message):
+            return  # said already when the Job was refused
+        position = decision.position if decision.position >= 0 else None
+        await self.transitions.waiting(record, decision.reason, decision.message, position)
+
+    async def evict(self, decision: Evict) -> None:
+        """Requeue an evicted task (its current spec), delete its Job; its GPUs stay held until the Job is gone."""
+        key = decision.task.key
+        record = self.controller.tasks.get(key)
+        if record is None:
+            return
+        job = self._current_job(record)
+        if job is not None:
+            self.controller.hold(job, fit=True)  # before any await: nothing may take what its pods still use
+        self.metrics.evictions.labels(decision.reason).inc()
+        if decision.reason == "Preempted":
+            self.metrics.preemptions.labels(decision.task.queue).inc()
+        if decision.reason in FAILURE_REASONS:
+            record.reschedules += 1
+            self.metrics.reschedules.inc()
+        await self.transitions.evicted(record, decision.reason, decision.message)
+        if record.revision_error is not None and key not in self.controller.scheduler.pending:
+            record.invalid, record.revision_error = record.revision_error, None  # its edited spec can never run
+            await self.transitions.invalid(record)
+        if job is not None:
+            propagation = "Foreground" if decision.reason == "Preempted" else "Background"
+            self.deletions[job.key] = Deletion(job, propagation)
+            await self.delete(job.key)
+
+    def _current_job(self, record: TaskRecord) -> JobRecord | None:
+        if record.job_name is None:
+            return None
+        return self.controller.jobs.get(f"{record.namespace}/{record.job_name}") or JobRecord(
+            record.job_name, record.namespace, record.uid, record.attempt, record.placement
+        )
+
+    async def fail(self, decision: Fail) -> None:
+        """A task failed for good (MaxReschedulesExceeded): Failed, with the reason and a Warning Event."""
+        record = self.controller.tasks.get(decision.task.key)
+        if record is not None:
+            await self.transitions.failed(record, decision.reason, decision.message)
+
+    # -- Job deletions ------------------------------------------------------------------------------
+    async def delete(self, job_key: str) -> None:
+        """Try one deletion; on failure try again after a backoff (:meth:`retry_deletions`)."""
+        deletion = self.deletions.get(job_key)
+        if deletion is None:
+            return
+        job = deletion.job
+        try:
+            existed = await self.writer.delete(JOBS, job.name, job.namespace, propagation=deletion.propagation)
+        except Fenced:
+            return  # the next leader deletes it (its rebuild sees the Job of a requeued task)
+        except ApiError as exc:
+            deletion.failures += 1
+            deletion.retry_at = time.monotonic() + backoff_s(deletion.failures)
+            log.warning("deleting Job %s failed (%s); retried in %gs", job_key, exc, backoff_s(deletion.failures))
+            return
+        del self.deletions[job_key]
+        if not existed:
+            self.controller.job_gone(job)
+
+    async def retry_deletions(self) -> None:
+        """Retry the Job deletions whose backoff has passed."""
+        now = time.monotonic()
+        due = [k for k, d in self.deletions.items() if d.retry_at <= now and d.failures > 0]
+        await asyncio.gather(*(self.delete(k) for k in due))
+
+    async def delete_job(self, record: TaskRecord) -> None:
+        """Delete a deleted task's Job (its GPUs are held until it is gone)."""
+        job = self._current_job(record)
+        if job is not None:
+            self.deletions[job.key] = Deletion(job, "Background")
+            await self.delete(job.key)
+
+    # -- reports -------------------------------------------------------------------------------------
+    async def publish(self, reports: Iterable[Report]) -> None:
+        """Publish what the controller queued: invalid specs, waits, finished Jobs, running pods."""
+        for report in reports:
+            record, t = report.record, self.transitions
+            if report.kind == "invalid" and record.invalid is not None:
+                await t.invalid(record)
+            elif report.kind == "blocked" and record.blocked is not None:
+                await t.blocked(record, *record.blocked)
+            elif report.kind == "spec-ignored" and record.phase in PLACED_PHASES:
+                message = (f"spec changed while Job {record.job_name} runs: it applies at the task's next admission "
+                           "(after an eviction); delete and re-create the GPUTask to apply it now")
+                await t.note(record, "Warning", "SpecChangeIgnored", message)
+            elif report.kind == "finished":
+                await t.finished(record, report.detail)
+            elif report.kind == "running" and record.phase == ADMITTED:
+                await t.running(record, report.detail)
+            elif report.kind == "restored":
+                await t.publish(record, report.detail)
+            elif report.kind == "delete-job":
+                await self.delete_job(record)
+
+    async def report_queues(self) -> None:
+        """Patch each GPUClusterQueue's status when its counts or usage changed since the last write."""
+        for name, status in queue_statuses(self.controller).items():
+            seen = {**status, "conditions": [{**c, "lastTransitionTime": ""} for c in status["conditions"]]}
+            if self._queue_reports.get(name) == seen:
+                continue
+            try:
+                await self.writer.patch(GPUCLUSTERQUEUES, name, {"status": status}, status=True)
+            except NotFound:
+                continue
+            except ApiError as exc:
+                if not isinstance(exc, Fenced):
+                    log.warning("status patch of GPUClusterQueue %s failed: %s", name, exc)
+                continue
+            self._queue_reports[name] = seen
 
 
 def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
@@ -78,8 +294,6 @@ def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
             continue
         usage, borrowed = report["usage"], report["borrowed"]
         assert isinstance(usage, dict) and isinstance(borrowed, dict)
-        error = inventory.queue_errors.get(name)
-        active = error is None
         out[name] = {
             "pendingTasks": report["pending"],
             "admittedTasks": report["admitted"],
@@ -87,32 +301,21 @@ def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
                 {"name": r, "total": _quantity(r, usage.get(r, 0)), "borrowed": _quantity(r, borrowed.get(r, 0))}
                 for r in sorted(usage)
             ],
-            "conditions": [
-                {
-                    "type": "Active",
-                    "status": "True" if active else "False",
-                    "reason": "Ready" if active else "InvalidSpec",
-                    "message": "Can admit new tasks" if active else error,
-                    "lastTransitionTime": now_rfc3339(),
-                }
-            ],
+            "conditions": [_active(inventory.queue_errors.get(name))],
         }
     for name, error in inventory.queue_errors.items():
-        out.setdefault(
-            name,
-            {
-                "conditions": [
-                    {
-                        "type": "Active",
-                        "status": "False",
-                        "reason": "InvalidSpec",
-                        "message": error,
-                        "lastTransitionTime": now_rfc3339(),
-                    }
-                ]
-            },
-        )
+        out.setdefault(name, {"conditions": [_active(error)]})
     return out
+
+
+def _active(error: str | None) -> dict[str, Any]:
+    return {
+        "type": "Active",
+        "status": "True" if error is None else "False",
+        "reason": "Ready" if error is None else "InvalidSpec",
+        "message": "Can admit new tasks" if error is None else error,
+        "lastTransitionTime": now_rfc3339(),
+    }
 
 
 def _quantity(resource: str, amount: int) -> str:
@@ -120,279 +323,4 @@ def _quantity(resource: str, amount: int) -> str:
     return f"{amount}m" if resource == "nvidia.com/gpu" else f"{amount}Mi"
 
 
-def describe(placement: Placement) -> str:
-    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary."""
-    mib = sorted({g.memory_mib for g in placement.gpus})
-    each = f"{mib[0]} MiB each" if len(mib) == 1 else f"{mib} MiB"
-    return f"{placement.node} GPUs {list(placement.indices)} ({each})"
-
-
-class Executor:
-    """Applies decisions and reports task state; owns no scheduling state of its own."""
-
-    def __init__(self, client: KubeClient, controller: Controller, metrics: OperatorMetrics | None = None) -> None:
-        self.client = client
-        self.controller = controller
-        self.metrics = metrics or OperatorMetrics()
-        self.api_errors = 0
-        self.conflicts = 0
-        self._queue_reports: dict[str, dict[str, Any]] = {}
-        self._limit = asyncio.Semaphore(CONCURRENCY)
-
-    def _api_error(self) -> None:
-        self.api_errors += 1
-        self.metrics.api_errors.inc()
-
-    async def apply(self, decisions: Iterable[Decision]) -> None:
-        """Apply decisions: one task's in order (an Evict before its re-Admit), tasks concurrently."""
-        per_task: dict[str, list[Decision]] = {}
-        for decision in decisions:
-            per_task.setdefault(decision.task.key, []).append(decision)
-        await asyncio.gather(*(self._in_order(group) for group in per_task.values()))
-
-    async def _in_order(self, group: list[Decision]) -> None:
-        for decision in group:
-            await self._guarded(decision)
-
-    async def _guarded(self, decision: Decision) -> None:
-        async with self._limit:
-            if isinstance(decision, Admit):
-                await self.admit(decision)
-            elif isinstance(decision, Pending):
-                await self.pending(decision)
-            elif isinstance(decision, Evict):
-                await self.evict(decision)
-            elif isinstance(decision, Fail):
-                await self.fail(decision)
-
-    async def admit(self, decision: Admit) -> None:
-        """Create the Job of an admission, then record it in the task's status."""
-        key = decision.task.key
-        record = self.controller.tasks.get(key)
-        if record is None or record.deleting or record.uid is None:
-            self.controller.scheduler.finish(key)
-            return
-        attempt = record.attempt + 1
-        job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue)
-        namespace = job["metadata"]["namespace"]
-        try:
-            await self.client.create(JOBS, job, namespace)
-        except AlreadyExists:
-            if not await self._ours(job, record.uid):
-                # a Job of a deleted task of the same name, not yet garbage-collected: try again later
-                log.info(
-                    "Job %s/%s belongs to an earlier task of that name; requeued", namespace, job["metadata"]["name"]
-                )
-                self.controller.scheduler.requeue(key)
-                return
-            log.info("Job %s/%s exists already: taking it as created", namespace, job["metadata"]["name"])
-        except ApiError as exc:
-            self._api_error()
-            log.warning("creating Job for %s failed (%s); requeued", key, exc)
-            self.controller.scheduler.requeue(key)
-            return
-        if attempt == 1 and decision.task.created:
-            self.metrics.latency.observe(max(0.0, time.time() - decision.task.created))
-        record.attempt, record.job_name = attempt, job_name(record.obj["metadata"]["name"], attempt)
-        record.placement, record.phase = decision.placement, ADMITTED
-        where = describe(decision.placement)
-        message = f"Admitted by GPUClusterQueue {decision.task.queue!r} on {where}"
-        set_condition(record, "QuotaReserved", True, "QuotaReserved", f"quota reserved in {decision.task.queue!r}")
-        set_condition(record, "Admitted", True, "Admitted", message)
-        await self.patch_status(record, message=message)
-        await self.event(record, "Normal", "Admitted", message)
-
-    async def _ours(self, job: Mapping[str, Any], uid: str) -> bool:
-        """Whether the existing Job of that name was made for the task with ``uid`` (409 = done)."""
-        meta = job["metadata"]
-        try:
-            found = await self.client.get(JOBS, meta["name"], meta["namespace"])
-        except ApiError:
-            return False
-        return bool((found["metadata"].get("annotations") or {}).get(TASK_UID_ANNOTATION) == uid)
-
-    async def pending(self, decision: Pending) -> None:
-        """Record why a task waits and post an Event for the new reason."""
-        record = self.controller.tasks.get(decision.task.key)
-        if record is None or record.phase != PENDING:
-            return
-        where = ""
-        if decision.position >= 0:
-            where = f" (position {decision.position} in GPUClusterQueue {decision.task.queue!r})"
-        record.queue_position = decision.position if decision.position >= 0 else None
-        set_condition(record, "QuotaReserved", False, decision.reason, decision.message + where)
-        set_condition(record, "Admitted", False, decision.reason, decision.message + where)
-        await self.patch_status(record, message=decision.message + where)
-        if record.last_wait != (decision.reason, decision.message):  # a new reason, not just a new position
-            record.last_wait = (decision.reason, decision.message)
-            await self.event(record, "Normal", decision.reason, decision.message)
-
-    async def evict(self, decision: Evict) -> None:
-        """Delete an evicted task's Job and record the eviction; the task is already requeued.
-
-        Preemption deletes in the foreground, so the Job disappears only after its pods have
-        and the preemptor is admitted only then; failures delete in the background (the node
-        may never answer).
-        """
-        key = decision.task.key
-        if key.endswith("#terminating"):
-            return
-        record = self.controller.tasks.get(key)
-        if record is None:
-            return
-        # Record the eviction before any await: the Job's DELETED event may be handled while the
-        # delete call is in flight, and must not find the task still running on that Job.
-        record.phase, record.placement = PENDING, None
-        self.metrics.evictions.labels(decision.reason).inc()
-        if decision.reason == "Preempted":
-            self.metrics.preemptions.labels(decision.task.queue).inc()
-        if decision.reason in ("NodeFailure", "GPUFailure"):
-            record.reschedules += 1
-            self.metrics.reschedules.inc()
-        propagation = "Foreground" if decision.reason == "Preempted" else "Background"
-        gone = await self.delete_job(record, propagation=propagation)
-        if gone:
-            self.controller.scheduler.victim_gone(key)
-        set_condition(record, "Evicted", True, decision.reason, decision.message)
-        set_condition(record, "Requeued", True, decision.reason, f"requeued after {decision.reason}")
-        set_condition(record, "Admitted", False, decision.reason, decision.message)
-        set_condition(record, "QuotaReserved", False, decision.reason, decision.message)
-        await self.patch_status(record, message=decision.message)
-        await self.event(record, "Warning", decision.reason, decision.message)
-
-    async def fail(self, decision: Fail) -> None:
-        """A task failed for good (MaxReschedulesExceeded): phase Failed, condition, Warning Event."""
-        record = self.controller.tasks.get(decision.task.key)
-        if record is None:
-            return
-        record.phase = FAILED
-        set_condition(record, "Finished", True, decision.reason, decision.message)
-        set_condition(record, "Requeued", False, decision.reason, decision.message)
-        await self.patch_status(record, message=decision.message)
-        await self.event(record, "Warning", decision.reason, decision.message)
-
-    async def invalid(self, record: TaskRecord) -> None:
-        """Report an invalid spec: phase Failed, condition Admitted=False with the reason, a Warning Event."""
-        assert record.invalid is not None
-        reason, message = record.invalid
-        set_condition(record, "Admitted", False, reason, message)
-        record.phase = FAILED  # the controller re-checks it when the spec changes
-        await self.patch_status(record, message=message)
-        await self.event(record, "Warning", reason, message)
-
-    async def finished(self, record: TaskRecord, outcome: str) -> None:
-        """Report a finished task (its Job completed or failed)."""
-        message = f"Job {record.job_name} {'completed' if outcome == 'Succeeded' else 'failed'}"
-        set_condition(record, "Finished", True, outcome, message)
-        await self.patch_status(record, message=message)
-        await self.event(record, "Normal" if outcome == "Succeeded" else "Warning", outcome, message)
-
-    async def delete_job(self, record: TaskRecord, *, propagation: str = "Foreground") -> bool:
-        """Delete a task's current Job; True when it was already gone."""
-        if record.job_name is None:
-            return True
-        namespace = record.obj["metadata"].get("namespace") or "default"
-        try:
-            return not await self.client.delete(JOBS, record.job_name, namespace, propagation=propagation)
-        except ApiError as exc:
-            self._api_error()
-            log.warning("deleting Job %s/%s failed: %s", namespace, record.job_name, exc)
-            return False
-
-    async def patch_status(self, record: TaskRecord, *, message: str) -> None:
-        """Write the GPUTask status from the record, with optimistic concurrency.
-
-        The patch carries the resourceVersion last seen; on 409 Conflict the object is read
-        again (stopping if it was deleted or re-created under a new uid) and the write retried.
-        """
-        meta = record.obj["metadata"]
-        status = {
-            "phase": record.phase,
-            "conditions": list(record.conditions.values()),
-            "placement": placement_status(record.placement),
-            "attempt": record.attempt,
-            "reschedules": record.reschedules,
-            "jobName": record.job_name,
-            "priority": record.task.priority if record.task is not None else 0,
-            "queuePosition": record.queue_position if record.phase == PENDING else None,
-            "message": message,
-        }
-        name, namespace = meta["name"], meta.get("namespace")
-        for _ in range(CONFLICT_RETRIES):
-            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
-            try:
-                stored = await self.client.patch(GPUTASKS, name, body, namespace, status=True)
-            except Conflict:
-                self.conflicts += 1
-                if not await self._refresh(record):
-                    return
-                meta = record.obj["metadata"]
-                continue
-            except NotFound:
-                log.debug("status patch of %s: the GPUTask is gone", record.key)  # deleted meanwhile
-                return
-            except ApiError as exc:
-                self._api_error()
-                log.warning("status patch of %s failed: %s", record.key, exc)
-                return
-            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", meta.get("resourceVersion"))
-            return
-        log.warning("status patch of %s kept conflicting; the next change will write it", record.key)
-
-    async def _refresh(self, record: TaskRecord) -> bool:
-        """Re-read the GPUTask after a conflict; False when it is gone or is another object now."""
-        meta = record.obj["metadata"]
-        try:
-            fresh = await self.client.get(GPUTASKS, meta["name"], meta.get("namespace"))
-        except ApiError:
-            return False
-        if fresh["metadata"].get("uid") != record.uid:
-            return False
-        record.obj = fresh
-        return True
-
-    async def report_queues(self) -> None:
-        """Patch each GPUClusterQueue's status when its counts or usage changed since the last write."""
-        for name, status in queue_statuses(self.controller).items():
-            seen = {**status, "conditions": [{**c, "lastTransitionTime": ""} for c in status["conditions"]]}
-            if self._queue_reports.get(name) == seen:
-                continue
-            try:
-                await self.client.patch(GPUCLUSTERQUEUES, name, {"status": status}, status=True)
-            except ApiError as exc:
-                if exc.status != 404:
-                    self._api_error()
-                    log.warning("status patch of GPUClusterQueue %s failed: %s", name, exc)
-                continue
-            self._queue_reports[name] = seen
-
-    async def event(self, record: TaskRecord, etype: str, reason: str, message: str) -> None:
-        """Post a core/v1 Event about the task."""
-        meta = record.obj["metadata"]
-        namespace = meta.get("namespace") or "default"
-        stamp = now_rfc3339()
-        body: Mapping[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "gputask.io/v1alpha1",
-                "kind": "GPUTask",
-                "name": meta["name"],
-                "namespace": namespace,
-                "uid": meta.get("uid"),
-            },
-            "type": etype,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            await self.client.create(EVENTS, body, namespace)
-        except ApiError as exc:
-            self._api_error()
-            log.warning("event for %s failed: %s", record.key, exc)
+__all__ = ["Executor", "backoff_s", "queue_statuses"]

@@ -38,7 +38,7 @@ def out_of_service(node: Mapping[str, Any]) -> bool:
 class Inventory:
     """Tracks non-task objects and feeds the scheduler. Synchronous; never raises on bad input."""
 
-    def __init__(self, scheduler: Scheduler, config: Config) -> None:
+    def __init__(self, scheduler: Scheduler, config: Config, foreign: ForeignPods | None = None) -> None:
         self.scheduler = scheduler
         self.config = config
         self.priority_classes: dict[str, int] = {}
@@ -50,7 +50,7 @@ class Inventory:
         self.stale: set[str] = set()
         self.queue_errors: dict[str, str] = {}
         self.gpunode_errors: dict[str, list[str]] = {}
-        self.foreign = ForeignPods()  # the operator shares one index across rebuilds
+        self.foreign = foreign or ForeignPods()  # the operator shares one index across rebuilds
 
     # -- priorities and namespaces --------------------------------------------------------
     def on_priority_class(self, obj: Mapping[str, Any], deleted: bool = False) -> None:

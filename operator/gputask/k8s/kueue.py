@@ -34,11 +34,12 @@ import yaml
 from gputask.core import InvalidQueueError, LabelRequirement, LabelSelector
 from gputask.k8s import convert
 from gputask.k8s.background import Background
-from gputask.k8s.client import CONFIGMAPS, LOCALQUEUES, ApiError, KubeClient
-from gputask.k8s.controller import FINISHED_PHASES, Controller, TaskRecord
-from gputask.k8s.executor import Executor, set_condition
+from gputask.k8s.client import CONFIGMAPS, LOCALQUEUES, ApiError, KubeApi
+from gputask.k8s.controller import Controller
+from gputask.k8s.executor import Executor
 from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.kueue_admission import KueueAdmission
+from gputask.k8s.tasks import FINISHED_PHASES, TaskRecord
 
 log = logging.getLogger("gputask.kueue")
 
@@ -136,22 +137,22 @@ def suspended_by_kueue(job: Mapping[str, Any]) -> str | None:
 
 
 class KueueSupport:
-    """Kueue detection (gputask mode) or Kueue admission (Kueue mode), on a loop of its own."""
+    """Kueue detection (gputask mode) or Kueue admission (Kueue mode), on a loop of its own.
 
-    def __init__(self, client: KubeClient, executor: Executor) -> None:
+    It takes the core ``gate`` around what it reads or changes of the controller, as handlers do.
+    """
+
+    def __init__(self, client: KubeApi, controller: Controller, executor: Executor, gate: asyncio.Lock) -> None:
         self.client = client
+        self.controller = controller
         self.executor = executor
+        self.gate = gate
         self.detector = KueueDetector()
-        self.admission = KueueAdmission(client, executor)
+        self.admission = KueueAdmission(client, controller, executor, gate)
         self.suspended: dict[str, str] = {}  # task uid -> message, for Jobs Kueue suspended
         self._read_at = float("-inf")
         self._background = Background("kueue", self.sync, lambda: self.controller.config.cycle_interval_s)
         self._lock = asyncio.Lock()
-
-    @property
-    def controller(self) -> Controller:
-        """The operator's current controller (replaced at every rebuild)."""
-        return self.executor.controller
 
     @property
     def kueue_mode(self) -> bool:
@@ -260,10 +261,4 @@ class KueueSupport:
         old = record.conditions.get(CONDITION)
         if wanted is None or (old and (old["status"] == "True", old["reason"], old["message"]) == wanted):
             return
-        status, reason, message = wanted
-        set_condition(record, CONDITION, status, reason, message)
-        if not status:
-            message = str((record.obj.get("status") or {}).get("message") or message)
-        await self.executor.patch_status(record, message=message)
-        if status:
-            await self.executor.event(record, "Warning", reason, message)
+        await self.executor.transitions.condition(record, CONDITION, *wanted)

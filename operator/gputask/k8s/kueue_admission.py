@@ -26,6 +26,7 @@ list as read, with its resourceVersion, and a 409 Conflict reads it again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -33,9 +34,9 @@ from typing import Any
 
 from gputask.core import OverCommitError, Placement, TaskKey
 from gputask.core.reasons import explain
-from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeClient, NotFound
-from gputask.k8s.controller import ADMITTED, FINISHED_PHASES, PENDING, RUNNING, Controller, TaskRecord
-from gputask.k8s.executor import Executor, describe, now_rfc3339, set_condition
+from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
+from gputask.k8s.controller import Controller
+from gputask.k8s.executor import Executor
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, placement_annotation
 from gputask.k8s.kueue_api import (
     CHECK_NAME,
@@ -57,6 +58,8 @@ from gputask.k8s.kueue_api import (
     ready_placement,
     workload_key,
 )
+from gputask.k8s.tasks import ADMITTED, FINISHED_PHASES, PLACED_PHASES, RUNNING, TaskRecord, describe
+from gputask.k8s.writer import now_rfc3339
 
 log = logging.getLogger("gputask.kueue")
 
@@ -68,18 +71,16 @@ WRITE_RETRIES = 5
 class KueueAdmission:
     """gputask as Kueue's AdmissionCheck controller: emits suspended Jobs and answers placement checks."""
 
-    def __init__(self, client: KubeClient, executor: Executor) -> None:
+    def __init__(self, client: KubeApi, controller: Controller, executor: Executor, gate: asyncio.Lock) -> None:
         self.client = client
+        self.controller = controller
         self.executor = executor
+        self.writer = executor.writer
+        self.gate = gate
         self.workloads: dict[str, dict[str, Any]] = {}  # Workloads owned by Jobs, by namespace/name
         self.held: dict[str, TaskKey] = {}  # Workload key -> task key reserved for it
         self.registered = False
         self._register_at = float("-inf")
-
-    @property
-    def controller(self) -> Controller:
-        """The operator's current controller."""
-        return self.executor.controller
 
     # -- inputs -----------------------------------------------------------------------------------
     def on_workload(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
@@ -137,7 +138,7 @@ class KueueAdmission:
         )
         if old.get("status") != "True":
             try:
-                await self.client.patch(
+                await self.writer.patch(
                     ADMISSIONCHECKS, CHECK_NAME, {"status": {"conditions": [*conditions, active]}}, status=True
                 )
             except ApiError as exc:
@@ -151,7 +152,7 @@ class KueueAdmission:
         except NotFound:
             pass
         try:
-            return await self.client.create(ADMISSIONCHECKS, admission_check())
+            return await self.writer.create(ADMISSIONCHECKS, admission_check())
         except AlreadyExists:
             return await self.client.get(ADMISSIONCHECKS, CHECK_NAME)
 
@@ -186,34 +187,27 @@ class KueueAdmission:
         if job is not None:
             record.job_name, record.attempt = job.name, max(record.attempt, job.attempt)
             if job.outcome is not None:
-                controller.finish_task(record, job.outcome)
-                await self.executor.finished(record, job.outcome)
+                async with self.gate:
+                    controller.scheduler.finish(record.key)
+                await self.executor.transitions.finished(record, job.outcome)
             return
         attempt = record.attempt + 1
         body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue)
         namespace = body["metadata"]["namespace"]
         try:
-            created = await self.client.create(JOBS, body, namespace)
+            created = await self.writer.create(JOBS, body, namespace)
         except AlreadyExists:
             created = body
         except ApiError as exc:
-            self.executor._api_error()
             log.warning("creating the Job of %s failed (%s); retried next pass", record.key, exc)
             return
-        controller.on_job(created)
-        record.attempt, record.job_name, record.phase, record.placement = (
-            attempt,
-            body["metadata"]["name"],
-            PENDING,
-            None,
-        )
+        async with self.gate:
+            controller.on_job(created)
+        record.attempt, record.job_name, record.placement = attempt, body["metadata"]["name"], None
         message = (
             f"Job {record.job_name} waits suspended until Kueue admits it through LocalQueue {record.task.queue!r}"
         )
-        set_condition(record, "QuotaReserved", False, WAITING, message)
-        set_condition(record, "Admitted", False, WAITING, message)
-        await self.executor.patch_status(record, message=message)
-        await self.executor.event(record, "Normal", WAITING, message)
+        await self.executor.transitions.waiting(record, WAITING, message)
 
     async def _answer(self, key: str, wl: dict[str, Any]) -> None:
         """Place a reserved Workload's task and answer Ready, or Retry when nothing fits."""
@@ -223,20 +217,25 @@ class KueueAdmission:
         scheduler = self.controller.scheduler
         for other in [k for k, t in self.held.items() if t == record.key and k != key]:
             await self._release(other, self.workloads.get(other))
-        placement = scheduler.placement_of(record.key) if self.held.get(key) == record.key else None
-        if placement is None:
-            outcome = scheduler.place(record.task)
-            if outcome.placement is None:
-                reason, why = explain(record.task, outcome, scheduler.quotas, scheduler.cluster)
-                await self._retry(key, wl, record, reason, why)
-                return
-            placement = outcome.placement
-            try:
-                scheduler.admit_placed(record.task, placement, time.time())
-            except OverCommitError as exc:  # held by something this controller does not track: look again later
-                log.warning("reserving %s for Workload %s failed: %s", record.key, key, exc)
-                return
-            self.held[key] = record.key
+        async with self.gate:
+            placement = scheduler.placement_of(record.key) if self.held.get(key) == record.key else None
+            refusal = None
+            if placement is None:
+                outcome = scheduler.place(record.task)
+                placement = outcome.placement
+                if placement is None:
+                    refusal = explain(record.task, outcome, scheduler.quotas, scheduler.cluster)
+                else:
+                    try:
+                        scheduler.admit_placed(record.task, placement, time.time())
+                    except OverCommitError as exc:  # held by something not tracked here: look again later
+                        log.warning("reserving %s for Workload %s failed: %s", record.key, key, exc)
+                        return
+                    self.held[key] = record.key
+        if refusal is not None:
+            await self._retry(key, wl, record, *refusal)
+            return
+        assert placement is not None
         message = f"placed on {describe(placement)}"
         answer = check_answer(check_state(wl), CHECK_READY, message, [self._pod_set_update(wl, placement)])
         if await self._write(key, wl, answer) is None:
@@ -257,17 +256,14 @@ class KueueAdmission:
         }
 
     async def _admitted(self, record: TaskRecord, wl: Mapping[str, Any], placement: Placement) -> None:
-        if record.placement == placement and record.phase in (ADMITTED, RUNNING):
+        if record.placement == placement and record.phase in PLACED_PHASES:
             return
         queue = str(((wl.get("status") or {}).get("admission") or {}).get("clusterQueue") or "")
-        record.placement, record.phase = placement, ADMITTED
         message = f"Kueue reserved quota in ClusterQueue {queue!r}; gputask placed it on {describe(placement)}"
-        set_condition(
-            record, "QuotaReserved", True, "QuotaReserved", f"quota reserved by Kueue in ClusterQueue {queue!r}"
+        await self.executor.transitions.admitted(
+            record, placement, job_name=record.job_name, attempt=record.attempt,
+            quota=f"quota reserved by Kueue in ClusterQueue {queue!r}", message=message,
         )
-        set_condition(record, "Admitted", True, "Admitted", message)
-        await self.executor.patch_status(record, message=message)
-        await self.executor.event(record, "Normal", "Admitted", message)
 
     async def _retry(self, key: str, wl: dict[str, Any], record: TaskRecord, reason: str, why: str) -> None:
         message = f"{why}; Kueue requeues the Workload and asks again"
@@ -276,28 +272,24 @@ class KueueAdmission:
         old = record.conditions.get("Admitted") or {}
         if (old.get("reason"), old.get("message")) == (reason, message):
             return
-        set_condition(record, "Admitted", False, reason, message)
-        await self.executor.patch_status(record, message=message)
-        await self.executor.event(record, "Normal", reason, message)
+        await self.executor.transitions.waiting(record, reason, message)
 
     async def _release(self, key: str, wl: Mapping[str, Any] | None) -> None:
         """Give back a Workload's GPUs; report an eviction when the Workload was evicted while placed."""
         task_key = self.held.pop(key, None)
         if task_key is None:
             return
-        self.controller.scheduler.finish(task_key)
+        async with self.gate:
+            self.controller.scheduler.finish(task_key)
         record = self.controller.tasks.get(task_key)
-        if wl is None or record is None or condition_true(wl, "Finished") or record.phase not in (ADMITTED, RUNNING):
+        if wl is None or record is None or condition_true(wl, "Finished") or record.phase not in PLACED_PHASES:
             return
         evicted = condition(wl, "Evicted") or {}
         reason = str(evicted.get("reason") or "QuotaReleased") if evicted.get("status") == "True" else "QuotaReleased"
         message = str(evicted.get("message") or f"Kueue released the quota of Workload {key}")
-        record.phase, record.placement = PENDING, None
-        set_condition(record, "Evicted", True, reason, message)
-        set_condition(record, "Admitted", False, reason, message)
-        set_condition(record, "QuotaReserved", False, reason, message)
-        await self.executor.patch_status(record, message=message)
-        await self.executor.event(record, "Warning", reason, message)
+        job_name = record.job_name  # Kueue keeps the Job (suspended again): it stays the task's
+        await self.executor.transitions.evicted(record, reason, message)
+        record.job_name = job_name
 
     async def _write(self, key: str, wl: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
         """Write our admissionChecks entry (optimistic concurrency); the stored Workload, or None."""
@@ -311,7 +303,7 @@ class KueueAdmission:
                 checks.append(answer)
             body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"admissionChecks": checks}}
             try:
-                stored = await self.client.patch(WORKLOADS, meta["name"], body, meta.get("namespace"), status=True)
+                stored = await self.writer.patch(WORKLOADS, meta["name"], body, meta.get("namespace"), status=True)
             except Conflict:
                 try:
                     wl = await self.client.get(WORKLOADS, meta["name"], meta.get("namespace"))
@@ -323,7 +315,6 @@ class KueueAdmission:
                     return None
                 continue
             except ApiError as exc:
-                self.executor._api_error()
                 log.warning("answering the admission check of Workload %s failed: %s", key, exc)
                 return None
             self.workloads[key] = stored

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gputask.core import Placement
-from gputask.k8s.executor import now_rfc3339
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, VISIBLE_DEVICES, job_shell, parse_placement, set_visible_devices
+from gputask.k8s.writer import now_rfc3339
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 CHECK_NAME = "gputask-placement"

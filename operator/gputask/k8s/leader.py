@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gputask.k8s.client import LEASES, AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from gputask.k8s.client import LEASES, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 
 log = logging.getLogger("gputask.leader")
 
@@ -42,7 +42,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeApi,
         *,
         identity: str,
         name: str = "gputask-operator",

@@ -3,6 +3,10 @@
 Runs as one asyncio task beside kopf's watchers. Handlers call :meth:`SchedulingLoop.wake`;
 the loop never runs before :meth:`SchedulingLoop.start` is given a rebuilt controller, so a
 restarted operator never admits before it knows what is already running.
+
+The cycle itself runs on a worker thread while the loop holds the core gate (an asyncio lock
+every handler takes around its synchronous feeding of the controller), so watches and the
+Lease renewal go on during a long cycle, and nothing touches the core while the thread does.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ log = logging.getLogger("gputask.loop")
 class SchedulingLoop:
     """Owns the cycle task; one per operator instance."""
 
-    def __init__(self, controller: Controller, executor: Executor) -> None:
+    def __init__(self, controller: Controller, executor: Executor, gate: asyncio.Lock | None = None) -> None:
         self.controller = controller
         self.executor = executor
+        self.gate = gate or asyncio.Lock()
         self.cycles = 0
         self._running = asyncio.Lock()
         self._background = Background("scheduling-loop", self.run_once, lambda: self.controller.config.cycle_interval_s)
@@ -42,18 +47,25 @@ class SchedulingLoop:
         await self._background.stop()
 
     async def run_once(self) -> int:
-        """Run one cycle and apply its decisions; returns how many decisions it made."""
+        """Publish what handlers queued, run one cycle, apply its decisions; returns how many it made."""
         async with self._running:
+            controller, executor = self.controller, self.executor
             now = time.time()
-            self.controller.inventory.check_heartbeats(now)
-            started = time.perf_counter()
-            decisions = self.controller.scheduler.cycle(now)
-            self.executor.metrics.cycle.observe(time.perf_counter() - started)
+            async with self.gate:
+                controller.inventory.check_heartbeats(now)
+                reports = controller.take_reports()
+            await executor.publish(reports)
+            async with self.gate:
+                started = time.perf_counter()
+                decisions = await asyncio.to_thread(controller.scheduler.cycle, now)
+                executor.metrics.cycle.observe(time.perf_counter() - started)
             self.cycles += 1
             if decisions:
-                await self.executor.apply(decisions)
+                await executor.apply(decisions)
                 if any(not isinstance(d, Pending) for d in decisions):
                     self.wake()  # evictions requeue work and free capacity: look again soon
-            await self.executor.report_queues()
-            self.executor.metrics.refresh(self.controller.scheduler)
+            await executor.publish(controller.take_reports())
+            await executor.retry_deletions()
+            await executor.report_queues()
+            executor.metrics.refresh(controller.scheduler)
             return len(decisions)

@@ -11,7 +11,6 @@ import prometheus_client
 
 from gputask.config import Config
 from gputask.k8s.client import KubeClient, load_api_client
-from gputask.k8s.controller import Controller
 from gputask.k8s.handlers import Operator
 
 log = logging.getLogger("gputask")
@@ -19,8 +18,13 @@ log = logging.getLogger("gputask")
 
 def build_operator(config: Config, *, kubeconfig: str | None = None) -> Operator:
     """An Operator whose kopf registry logs in with the same credentials as its API client."""
-    api = load_api_client(kubeconfig)
-    operator = Operator(Controller(config), KubeClient(api))
+    api = load_api_client(kubeconfig, pool_size=config.api_concurrency)
+    lease_api = load_api_client(kubeconfig, pool_size=2)
+    operator = Operator(
+        config,
+        KubeClient(api, workers=config.api_concurrency),
+        lease_client=KubeClient(lease_api, workers=2, field_manager="gputask-operator-lease"),
+    )
     conf = api.configuration
 
     async def login(**_: Any) -> kopf.ConnectionInfo:
@@ -70,7 +74,7 @@ async def run_operator(
     """
     if metrics_port:
         prometheus_client.start_http_server(metrics_port, registry=operator.metrics.registry)
-    namespace = operator.controller.config.namespace
+    namespace = operator.config.namespace
     await kopf.operator(
         registry=operator.registry,
         settings=operator_settings(peering=peering),

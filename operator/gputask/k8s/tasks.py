@@ -1,0 +1,313 @@
+"""What the operator knows of each GPUTask, and the one owner of its state transitions.
+
+:class:`TaskRecord` is the operator's view of one GPUTask. Its ``phase`` and conditions change
+only through :class:`Transitions`: each transition sets them (before any ``await``, so a watch
+event handled meanwhile sees the new state), then writes the status and posts the Event in one
+call. The phases (DESIGN.md section 2):
+
+- ``Pending``: waiting to be admitted; the ``Admitted`` condition's reason says why;
+- ``Admitted``: placed, quota reserved, its Job created, no pod of it running yet;
+- ``Running``: a pod of its Job is running (the pod's phase, not ``Job.status.active``,
+  which also counts pods still Pending);
+- ``Succeeded`` / ``Failed``: its Job completed or failed, or it failed for good (invalid spec,
+  too many reschedules).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputask.core import MILLI_PER_GPU, Placement, Task, TaskKey
+from gputask.k8s.client import GPUTASKS, ApiError, Conflict, Fenced, NotFound
+from gputask.k8s.writer import Writer, now_rfc3339
+
+log = logging.getLogger("gputask.tasks")
+
+PENDING, ADMITTED, RUNNING, SUCCEEDED, FAILED = "Pending", "Admitted", "Running", "Succeeded", "Failed"
+FINISHED_PHASES = (SUCCEEDED, FAILED)
+PLACED_PHASES = (ADMITTED, RUNNING)
+CONFLICT_RETRIES = 5
+API_VERSION = "gputask.io/v1alpha1"
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Retries of a task whose Job the API server refused: ``failures`` so far, next try at ``retry_at``
+    (monotonic seconds), for the spec of ``generation`` (a new spec starts over)."""
+
+    failures: int = 0
+    retry_at: float = 0.0
+    generation: int = 0
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """What the operator knows of one GPUTask (by ``namespace/name``).
+
+    ``task`` is the core Task converted from the spec of ``generation``; ``invalid`` a reason and
+    message that make it Failed (a spec that can never run); ``blocked`` one that keeps it Pending
+    outside any queue until something changes (a PriorityClass not created yet).
+    """
+
+    key: TaskKey
+    uid: str
+    obj: dict[str, Any]
+    task: Task | None = None
+    generation: int = 0
+    phase: str = PENDING
+    attempt: int = 0
+    job_name: str | None = None
+    placement: Placement | None = None
+    admitted_at: str | None = None
+    invalid: tuple[str, str] | None = None
+    blocked: tuple[str, str] | None = None
+    deleting: bool = False
+    reschedules: int = 0
+    queue_position: int | None = None
+    last_wait: tuple[str, str] | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    revision: tuple[Task, int] | None = None  # the spec edited while placed: applies at the next admission
+    revision_error: tuple[str, str] | None = None  # that edit is invalid: the task fails when requeued
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        """The task's namespace."""
+        return str(self.obj["metadata"].get("namespace") or "default")
+
+    @property
+    def name(self) -> str:
+        """The task's name."""
+        return str(self.obj["metadata"]["name"])
+
+    def involved(self) -> dict[str, Any]:
+        """The ``involvedObject`` of an Event about this task."""
+        meta = self.obj["metadata"]
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "GPUTask",
+            "name": meta["name"],
+            "namespace": self.namespace,
+            "uid": meta.get("uid"),
+        }
+
+
+def set_condition(record: TaskRecord, ctype: str, status: bool, reason: str, message: str) -> None:
+    """Set a metav1.Condition, moving lastTransitionTime only when its status flips; ``observedGeneration``
+    is the generation of the spec the decision was made for."""
+    value = "True" if status else "False"
+    old = record.conditions.get(ctype)
+    changed = old is None or old.get("status") != value
+    record.conditions[ctype] = {
+        "type": ctype,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_rfc3339() if changed else old["lastTransitionTime"],
+        "observedGeneration": record.generation or record.obj["metadata"].get("generation", 1),
+    }
+
+
+def placement_status(placement: Placement | None) -> dict[str, Any] | None:
+    """The ``status.placement`` object of a placement."""
+    if placement is None:
+        return None
+    return {
+        "node": placement.node,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in placement.gpus],
+    }
+
+
+def mib_quantity(mib: int) -> str:
+    """MiB as a Kubernetes quantity: ``12Gi`` when whole GiB, else ``1536Mi``."""
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def memory_text(record: TaskRecord) -> str | None:
+    """``status.gpuMemory``: MiB reserved on each GPU once placed, else what the task asks."""
+    if record.placement is not None:
+        return "/".join(dict.fromkeys(mib_quantity(g.memory_mib) for g in record.placement.gpus))
+    if record.task is None:
+        return None
+    request = record.task.request
+    if request.memory_mib is not None:
+        return mib_quantity(request.memory_mib)
+    if request.fraction_milli is not None and request.fraction_milli < MILLI_PER_GPU:
+        return f"{request.fraction_milli / 10:g}%"
+    return "whole GPU"
+
+
+def describe(placement: Placement) -> str:
+    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary."""
+    mib = sorted({g.memory_mib for g in placement.gpus})
+    each = f"{mib[0]} MiB each" if len(mib) == 1 else f"{mib} MiB"
+    return f"{placement.node} GPUs {list(placement.indices)} ({each})"
+
+
+class Transitions:
+    """Moves tasks between phases: sets the record, writes the status, posts the Event."""
+
+    def __init__(self, writer: Writer) -> None:
+        self.writer = writer
+        self.conflicts = 0  # status writes answered 409, retried after a fresh read
+
+    # -- transitions -------------------------------------------------------------------------------
+    async def admitted(
+        self, record: TaskRecord, placement: Placement, *, job_name: str | None, attempt: int, quota: str, message: str
+    ) -> None:
+        """Placed with quota reserved (``quota`` says by whom) and its Job created (or to come)."""
+        record.phase, record.placement, record.job_name, record.attempt = ADMITTED, placement, job_name, attempt
+        record.admitted_at, record.queue_position, record.last_wait = now_rfc3339(), None, None
+        record.backoff = Backoff()
+        set_condition(record, "QuotaReserved", True, "QuotaReserved", quota)
+        set_condition(record, "Admitted", True, "Admitted", message)
+        await self.publish(record, message, ("Normal", "Admitted", message))
+
+    async def running(self, record: TaskRecord, message: str) -> None:
+        """A pod of its Job runs."""
+        record.phase = RUNNING
+        await self.publish(record, message)
+
+    async def waiting(self, record: TaskRecord, reason: str, message: str, position: int | None = None) -> None:
+        """Pending for ``reason``; the Event is posted only for a new reason, not a new position."""
+        queue = record.task.queue if record.task is not None else ""
+        where = "" if position is None else f" (position {position} in GPUClusterQueue {queue!r})"
+        record.phase, record.queue_position = PENDING, position
+        set_condition(record, "QuotaReserved", False, reason, message + where)
+        set_condition(record, "Admitted", False, reason, message + where)
+        new = record.last_wait != (reason, message)
+        record.last_wait = (reason, message)
+        await self.publish(record, message + where, ("Normal", reason, message) if new else None)
+
+    async def evicted(self, record: TaskRecord, reason: str, message: str) -> None:
+        """Evicted from its placement and requeued (the Job is being deleted)."""
+        record.phase, record.placement, record.job_name, record.admitted_at = PENDING, None, None, None
+        record.last_wait = None
+        set_condition(record, "Evicted", True, reason, message)
+        set_condition(record, "Requeued", True, reason, f"requeued after {reason}")
+        set_condition(record, "Admitted", False, reason, message)
+        set_condition(record, "QuotaReserved", False, reason, message)
+        await self.publish(record, message, ("Warning", reason, message))
+
+    async def rejected(self, record: TaskRecord, reason: str, message: str) -> None:
+        """Its Job was refused (or could not start): Pending, with the API's words, until it is retried."""
+        record.phase, record.placement, record.job_name, record.admitted_at = PENDING, None, None, None
+        record.last_wait = (reason, message)
+        set_condition(record, "Admitted", False, reason, message)
+        set_condition(record, "QuotaReserved", False, reason, message)
+        await self.publish(record, message, ("Warning", reason, message))
+
+    async def blocked(self, record: TaskRecord, reason: str, message: str) -> None:
+        """Pending outside any queue until something it names exists (e.g. PriorityClassNotFound)."""
+        record.phase, record.queue_position = PENDING, None
+        new = record.last_wait != (reason, message)
+        record.last_wait = (reason, message)
+        set_condition(record, "Admitted", False, reason, message)
+        await self.publish(record, message, ("Warning", reason, message) if new else None)
+
+    async def failed(self, record: TaskRecord, reason: str, message: str) -> None:
+        """Failed for good (MaxReschedulesExceeded): it is no longer queued."""
+        record.phase, record.placement = FAILED, None
+        set_condition(record, "Finished", True, reason, message)
+        set_condition(record, "Requeued", False, reason, message)
+        await self.publish(record, message, ("Warning", reason, message))
+
+    async def invalid(self, record: TaskRecord) -> None:
+        """A spec that can never run: Failed with the reason, until the spec changes."""
+        assert record.invalid is not None
+        reason, message = record.invalid
+        record.phase, record.placement = FAILED, None
+        set_condition(record, "Admitted", False, reason, message)
+        await self.publish(record, message, ("Warning", reason, message))
+
+    async def finished(self, record: TaskRecord, outcome: str) -> None:
+        """Its Job completed (Succeeded) or failed (Failed)."""
+        message = f"Job {record.job_name} {'completed' if outcome == SUCCEEDED else 'failed'}"
+        record.phase = outcome
+        set_condition(record, "Finished", True, outcome, message)
+        await self.publish(record, message, ("Normal" if outcome == SUCCEEDED else "Warning", outcome, message))
+
+    async def condition(self, record: TaskRecord, ctype: str, status: bool, reason: str, message: str) -> None:
+        """Set another condition (KueueConflict); a Warning Event when it turns True."""
+        set_condition(record, ctype, status, reason, message)
+        summary = message if status else str((record.obj.get("status") or {}).get("message") or message)
+        await self.publish(record, summary, ("Warning", reason, message) if status else None)
+
+    async def note(self, record: TaskRecord, etype: str, reason: str, message: str) -> None:
+        """An Event only (e.g. SpecChangeIgnored): the status does not change."""
+        await self.writer.event(record.involved(), etype, reason, message)
+
+    # -- writing ------------------------------------------------------------------------------------
+    def status_of(self, record: TaskRecord, message: str) -> dict[str, Any]:
+        """The status a record stands for."""
+        return {
+            "phase": record.phase,
+            "conditions": list(record.conditions.values()),
+            "placement": placement_status(record.placement),
+            "attempt": record.attempt,
+            "reschedules": record.reschedules,
+            "jobName": record.job_name,
+            "priority": record.task.priority if record.task is not None else 0,
+            "queuePosition": record.queue_position if record.phase == PENDING else None,
+            "queue": record.task.queue if record.task is not None else None,
+            "gpuMemory": memory_text(record),
+            "admittedAt": record.admitted_at,
+            "observedGeneration": record.generation or None,
+            "message": message,
+        }
+
+    async def publish(self, record: TaskRecord, message: str, event: tuple[str, str, str] | None = None) -> None:
+        """Write the status the record stands for, then post ``event`` (type, reason, message)."""
+        if await self.write_status(record, message) and event is not None:
+            await self.writer.event(record.involved(), *event)
+
+    async def write_status(self, record: TaskRecord, message: str) -> bool:
+        """Patch the GPUTask's status with optimistic concurrency; False when it was not written.
+
+        The patch carries the resourceVersion last seen; on 409 Conflict the object is read
+        again (stopping if it was deleted or re-created under a new uid) and the write retried.
+        """
+        status = self.status_of(record, message)
+        for _ in range(CONFLICT_RETRIES):
+            meta = record.obj["metadata"]
+            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
+            try:
+                stored = await self.writer.patch(GPUTASKS, meta["name"], body, record.namespace, status=True)
+            except Conflict:
+                self.conflicts += 1
+                if not await self._refresh(record):
+                    return False
+                continue
+            except NotFound:
+                return False  # deleted meanwhile
+            except Fenced:
+                return False
+            except ApiError as exc:
+                log.warning("status patch of %s failed: %s", record.key, exc)
+                return False
+            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", meta.get("resourceVersion"))
+            record.obj["status"] = stored.get("status", status)
+            return True
+        log.warning("status patch of %s kept conflicting; the next change will write it", record.key)
+        return False
+
+    async def _refresh(self, record: TaskRecord) -> bool:
+        """Re-read the GPUTask after a conflict; False when it is gone or is another object now."""
+        try:
+            fresh = await self.writer.client.get(GPUTASKS, record.name, record.namespace)
+        except ApiError:
+            return False
+        if fresh["metadata"].get("uid") != record.uid:
+            return False
+        # Only the resourceVersion: the spec and labels change through the watch, which compares them.
+        record.obj["metadata"]["resourceVersion"] = fresh["metadata"].get("resourceVersion")
+        return True
+
+
+def status_behind(record: TaskRecord) -> bool:
+    """True when the stored status does not yet say what the record knows (phase, Job name)."""
+    status: Mapping[str, Any] = record.obj.get("status") or {}
+    return status.get("jobName") != record.job_name or status.get("phase") != record.phase

@@ -1,0 +1,119 @@
+"""The one writer: every API write of the operator goes through :class:`Writer`.
+
+Each write is fenced by leadership twice: before it is started, and again in the client's worker
+thread right before the request is sent (the ``guard``), so a replica that lost the Lease while a
+write waited for a thread abandons it (:class:`~gputask.k8s.client.Fenced`) instead of finishing
+it under an old leadership (client-go's rule; issue "nothing lost, nothing double-booked").
+Failed writes are counted in ``gputask_api_errors_total``; the caller decides what a failure
+means. Reads go to the client directly: they need no fence.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gputask.k8s.client import EVENTS, ApiError, Fenced, KubeApi, Resource
+from gputask.metrics import OperatorMetrics
+
+COMPONENT = "gputask-operator"
+EVENT_MESSAGE_LIMIT = 1024
+
+
+def now_rfc3339() -> str:
+    """Current UTC time as RFC 3339 with a Z suffix."""
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+class Writer:
+    """Creates, patches, replaces and deletes objects and posts Events, while ``leading()`` holds."""
+
+    def __init__(
+        self, client: KubeApi, metrics: OperatorMetrics | None = None, *, leading: Callable[[], bool] = lambda: True
+    ) -> None:
+        self.client = client
+        self.metrics = metrics or OperatorMetrics()
+        self.leading = leading
+
+    def _guard(self) -> bool:
+        return self.leading()
+
+    def _check(self) -> None:
+        if not self.leading():
+            raise Fenced()
+
+    def failed(self, exc: ApiError) -> None:
+        """Count a failed write (not a fenced one: that is no API error)."""
+        if not isinstance(exc, Fenced):
+            self.metrics.api_errors.inc()
+
+    async def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """Create an object; raises ApiError (AlreadyExists on 409, Fenced when not leading)."""
+        self._check()
+        try:
+            return await self.client.create(res, body, namespace, guard=self._guard)
+        except ApiError as exc:
+            self.failed(exc)
+            raise
+
+    async def patch(
+        self, res: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None, *, status: bool = False
+    ) -> dict[str, Any]:
+        """Merge-patch an object or its status; raises ApiError (Conflict on a stale resourceVersion)."""
+        self._check()
+        try:
+            return await self.client.patch(res, name, patch, namespace, status=status, guard=self._guard)
+        except ApiError as exc:
+            self.failed(exc)
+            raise
+
+    async def replace(
+        self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Replace a whole object; raises ApiError."""
+        self._check()
+        try:
+            return await self.client.replace(res, name, body, namespace, guard=self._guard)
+        except ApiError as exc:
+            self.failed(exc)
+            raise
+
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, *, propagation: str = "Background"
+    ) -> bool:
+        """Delete an object; False when it was already gone; raises ApiError."""
+        self._check()
+        try:
+            return await self.client.delete(res, name, namespace, propagation=propagation, guard=self._guard)
+        except ApiError as exc:
+            self.failed(exc)
+            raise
+
+    async def event(self, involved: Mapping[str, Any], etype: str, reason: str, message: str) -> bool:
+        """Post a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid); False when it failed.
+
+        An Event is a report, never a reason to retry: failures are counted and logged by the caller's
+        metrics only.
+        """
+        namespace = involved.get("namespace") or "default"
+        stamp = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": etype,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_LIMIT],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.create(EVENTS, body, namespace)
+        except ApiError:
+            return False
+        return True

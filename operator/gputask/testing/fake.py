@@ -1,0 +1,284 @@
+"""An in-process fake of :class:`gputask.k8s.client.KubeApi`, for unit tests of the adapter.
+
+:class:`FakeKubeClient` keeps objects as the API server would (uid, resourceVersion, generation,
+creationTimestamp, ``generateName``, an isolated ``/status``, 409 on a stale resourceVersion or
+a name taken, 404 with the server's message) and records every call. Refusals are injected with
+:meth:`FakeKubeClient.fail`, worded as the API server words them (``jobs.batch "x" is forbidden:
+...``). No HTTP, no watches, no controllers: a test feeds the operator's handlers itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import itertools
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gputask.k8s.client import AlreadyExists, ApiError, Conflict, Fenced, Guard, NotFound, Resource
+from gputask.testing._patches import merge_patch
+
+Key = tuple[str, str, str | None, str]  # group, plural, namespace, name
+NO_STATUS = frozenset({"events", "configmaps", "leases", "priorityclasses", "workloadpriorityclasses", "secrets"})
+REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
+
+
+@dataclass
+class Failure:
+    """An injected refusal: the next ``times`` calls of ``verb`` on matching objects raise it."""
+
+    verb: str
+    plural: str | None
+    name: str | None
+    status: int
+    message: str
+    times: int
+
+    def matches(self, verb: str, res: Resource, name: str | None) -> bool:
+        """True when this failure applies to the call."""
+        return (
+            self.times > 0
+            and self.verb in (verb, "*")
+            and self.plural in (None, res.plural)
+            and (self.name is None or self.name == name)
+        )
+
+
+def _qualified(res: Resource) -> str:
+    return f"{res.plural}.{res.group}" if res.group else res.plural
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeKubeClient:
+    """In-memory :class:`~gputask.k8s.client.KubeApi` with API-server semantics and injectable refusals."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, str | None]] = []  # (verb, plural, name)
+        self.failures: list[Failure] = []
+        self._rv = itertools.count(1)
+
+    # -- test helpers ------------------------------------------------------------------------------
+    def fail(
+        self,
+        verb: str,
+        plural: str | None = None,
+        name: str | None = None,
+        *,
+        status: int = 500,
+        message: str = "",
+        times: int = 1,
+    ) -> None:
+        """Make the next ``times`` ``verb`` calls (``*`` = any verb) on ``plural``/``name`` raise ``status``."""
+        self.failures.append(Failure(verb, plural, name, status, message, times))
+
+    def put(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """Store an object as if it had been created (status included); no call is recorded."""
+        return self._store(res, copy.deepcopy(dict(body)), namespace, keep_status=True)
+
+    def all(self, res: Resource, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Copies of the stored objects of ``res`` (in ``namespace``, or all), by namespace and name."""
+        found = [(k, o) for k, o in self.objects.items() if k[:2] == (res.group, res.plural)]
+        found = [(k, o) for k, o in found if namespace is None or k[2] == namespace]
+        return [copy.deepcopy(o) for _, o in sorted(found, key=lambda item: (item[0][2] or "", item[0][3]))]
+
+    def writes(self) -> list[tuple[str, str, str | None]]:
+        """The recorded calls that write (create, patch, patch-status, replace, delete)."""
+        return [c for c in self.calls if c[0] not in ("get", "list")]
+
+    # -- KubeApi -----------------------------------------------------------------------------------
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """GET one object."""
+        self._enter("get", res, name)
+        return copy.deepcopy(self._live(res, namespace, name))
+
+    async def list(
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None, fields: str | None = None
+    ) -> list[dict[str, Any]]:
+        """LIST objects; equality, inequality and existence label selectors, equality field selectors."""
+        self._enter("list", res, None)
+        return [o for o in self.all(res, namespace) if _labels_match(o, labels) and _fields_match(o, fields)]
+
+    async def create(
+        self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *, guard: Guard | None = None
+    ) -> dict[str, Any]:
+        """POST a new object (status dropped when the kind has a status subresource)."""
+        name = (body.get("metadata") or {}).get("name")
+        self._enter("create", res, name, guard)
+        return copy.deepcopy(self._store(res, copy.deepcopy(dict(body)), namespace, keep_status=False))
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+        guard: Guard | None = None,
+    ) -> dict[str, Any]:
+        """JSON merge patch of the object, or of its status only."""
+        self._enter("patch-status" if status else "patch", res, name, guard)
+        current = self._live(res, namespace, name)
+        return copy.deepcopy(self._update(res, current, merge_patch(current, dict(patch)), status=status))
+
+    async def replace(
+        self,
+        res: Resource,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        guard: Guard | None = None,
+    ) -> dict[str, Any]:
+        """PUT a whole object."""
+        self._enter("replace", res, name, guard)
+        current = self._live(res, namespace, name)
+        return copy.deepcopy(self._update(res, current, copy.deepcopy(dict(body)), status=False))
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str = "Background",
+        guard: Guard | None = None,
+    ) -> bool:
+        """DELETE an object (it lingers with a deletionTimestamp while it has finalizers)."""
+        self._enter("delete", res, name, guard)
+        key = (res.group, res.plural, namespace if res.namespaced else None, name)
+        current = self.objects.get(key)
+        if current is None:
+            return False
+        if current["metadata"].get("finalizers"):
+            current["metadata"].setdefault("deletionTimestamp", _now())
+            current["metadata"]["resourceVersion"] = str(next(self._rv))
+        else:
+            del self.objects[key]
+        return True
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    # -- the store -----------------------------------------------------------------------------------
+    def _enter(self, verb: str, res: Resource, name: str | None, guard: Guard | None = None) -> None:
+        self.calls.append((verb, res.plural, name))
+        if guard is not None and not guard():
+            raise Fenced()
+        for failure in self.failures:
+            if failure.matches(verb.removesuffix("-status"), res, name) or failure.matches(verb, res, name):
+                failure.times -= 1
+                message = failure.message or f'{_qualified(res)} "{name}" is refused (injected {failure.status})'
+                raise ApiError(failure.status, REASONS.get(failure.status, "Unknown"), message)
+
+    def _live(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        found = self.objects.get((res.group, res.plural, namespace if res.namespaced else None, name))
+        if found is None:
+            raise NotFound(404, "NotFound", f'{_qualified(res)} "{name}" not found')
+        return found
+
+    def _store(self, res: Resource, obj: dict[str, Any], namespace: str | None, *, keep_status: bool) -> dict[str, Any]:
+        meta = obj.setdefault("metadata", {})
+        if res.namespaced:
+            meta["namespace"] = namespace or meta.get("namespace") or "default"
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        key = (res.group, res.plural, meta.get("namespace") if res.namespaced else None, str(meta.get("name")))
+        if key in self.objects:
+            raise AlreadyExists(409, "AlreadyExists", f'{_qualified(res)} "{key[3]}" already exists')
+        if not keep_status and res.plural not in NO_STATUS:
+            obj.pop("status", None)
+        meta.update(
+            uid=meta.get("uid") or str(uuid.uuid4()),
+            resourceVersion=str(next(self._rv)),
+            generation=1,
+            creationTimestamp=meta.get("creationTimestamp") or _now(),
+        )
+        self.objects[key] = obj
+        return obj
+
+    def _update(
+        self, res: Resource, current: dict[str, Any], proposed: dict[str, Any], *, status: bool
+    ) -> dict[str, Any]:
+        wanted = (proposed.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise Conflict(
+                409,
+                "Conflict",
+                f"Operation cannot be fulfilled on {_qualified(res)} "
+                f'"{current["metadata"]["name"]}": the object has been modified; please apply your '
+                "changes to the latest version and try again",
+            )
+        new = copy.deepcopy(current)
+        if status:
+            new["status"] = proposed.get("status")
+        else:
+            kept = current.get("status")
+            new = {**proposed, "metadata": {**proposed.get("metadata", {}), **_immutable(current)}}
+            if res.plural not in NO_STATUS:
+                new.pop("status", None)
+                if kept is not None:
+                    new["status"] = kept
+            spec_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
+                k: v for k, v in current.items() if k not in ("metadata", "status")
+            }
+            if spec_changed:
+                new["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
+        if new == current:
+            return current
+        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        current.clear()
+        current.update(new)
+        return current
+
+
+def _immutable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    keep = ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion", "deletionTimestamp")
+    return {k: meta[k] for k in keep if k in meta}
+
+
+def _labels_match(obj: Mapping[str, Any], selector: str | None) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key.rstrip("=")) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _fields_match(obj: Mapping[str, Any], selector: str | None) -> bool:
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        negate = "!=" in term
+        path, value = term.split("!=" if negate else "=", 1)
+        found: Any = obj
+        for part in path.lstrip("=").split("."):
+            found = found.get(part) if isinstance(found, Mapping) else None
+        if (str(found) == value) == negate:
+            return False
+    return True
