@@ -58,7 +58,7 @@ def test_a_full_gputask_becomes_the_exact_core_task() -> None:
             "gpuProducts": ["NVIDIA-A10", "NVIDIA-L4"],
             "priorityClassName": "high",
             "maxReschedules": 5,
-            "template": {"spec": {"containers": []}},
+            "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}},
         },
         creationTimestamp="2026-01-02T03:04:05Z",
     )
@@ -119,7 +119,10 @@ def test_gpus_outside_1_to_16_or_not_an_integer_is_invalid(gpus: Any, message: s
         ({"gpuFraction": "abc"}, "spec.gpuFraction must be a decimal string in (0, 1], got 'abc'"),
         ({"gpuProducts": "NVIDIA-A10"}, "spec.gpuProducts must be a list of product names, got 'NVIDIA-A10'"),
         ({"maxReschedules": 1001}, "spec.maxReschedules must be between 0 and 1000, got 1001"),
-        ({"template": "pod"}, "spec.template must be a pod template object"),
+        (
+                {"template": "pod"},
+                'the pod template would be refused as a Job\'s: spec.template: Invalid value: "pod": must be an object',
+            ),
     ],
 )
 def test_bad_per_gpu_requests_are_invalid_with_the_exact_message(spec: dict[str, Any], message: str) -> None:

@@ -114,3 +114,42 @@ def test_placement_annotation_round_trips() -> None:
     """The placement annotation parses back to the same Placement; garbage parses to None."""
     assert parse_placement(placement_annotation(PLACEMENT)) == PLACEMENT
     assert [parse_placement(t) for t in (None, "", "{", '{"node":"a"}')] == [None, None, None, None]
+
+
+def test_the_hostname_requirement_joins_every_node_selector_term_of_the_users_affinity() -> None:
+    """Terms are ORed: the node is required in each of the user's terms, and the rest of the affinity stays."""
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    gpu = {"key": "gpu", "operator": "Exists"}
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [zone]}}]
+    task = {
+        **TASK,
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [{"name": "main", "image": "busybox"}],
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [gpu]}]
+                            },
+                            "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+                        },
+                        "podAntiAffinity": {"x": 1},
+                    },
+                }
+            }
+        },
+    }
+    host = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}
+    assert build_job(task, PLACEMENT, attempt=1, queue="q")["spec"]["template"]["spec"]["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [zone, host]},
+                    {"matchFields": [gpu], "matchExpressions": [host]},
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+        },
+        "podAntiAffinity": {"x": 1},
+    }

@@ -34,6 +34,8 @@ from gputask.core import (
     Task,
     task_key,
 )
+from gputask.k8s.fields import aggregate
+from gputask.k8s.podspec import template_problems
 
 MIB = 1 << 20
 MAX_GPUS = 16
@@ -131,8 +133,9 @@ def task_from_manifest(
     ``priority_of`` resolves ``spec.priorityClassName`` (a PriorityClass) to its value;
     ``workload_priority_of`` resolves the label ``kueue.x-k8s.io/priority-class`` (a Kueue
     WorkloadPriorityClass; when not given, ``priority_of`` is used for the label too),
-    None when it does not exist. Raises InvalidTaskError with reason InvalidSpec,
-    MissingQueueName or PriorityClassNotFound.
+    None when it does not exist. The pod template is checked against what the Job API refuses
+    (:mod:`gputask.k8s.podspec`) when there is one (scenarios have none). Raises InvalidTaskError
+    with reason InvalidSpec, MissingQueueName or PriorityClassNotFound.
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec")
@@ -155,9 +158,9 @@ def task_from_manifest(
         if found is None:
             raise InvalidTaskError("PriorityClassNotFound", f"priority class {class_name!r} does not exist")
         priority = found
-    template = spec.get("template")
-    if template is not None and not isinstance(template, Mapping):
-        raise _bad("spec.template must be a pod template object")
+    problems = template_problems(spec["template"]) if spec.get("template") is not None else []
+    if problems:
+        raise _bad(f"the pod template would be refused as a Job's: {aggregate(problems)}")
     return Task(
         key=task_key(str(meta.get("namespace") or "default"), meta["name"]),
         queue=queue,

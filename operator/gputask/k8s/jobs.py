@@ -24,6 +24,7 @@ PLACEMENT_ANNOTATION = "gputask.io/placement"
 ATTEMPT_ANNOTATION = "gputask.io/attempt"
 TASK_UID_ANNOTATION = "gputask.io/task-uid"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 MAX_NAME = 63
 
 
@@ -69,21 +70,25 @@ def parse_placement(text: str | None) -> Placement | None:
 
 
 def _pin_pod_spec(pod_spec: dict[str, Any], node: str, uuids: str) -> None:
-    affinity = pod_spec.setdefault("affinity", {})
-    affinity["nodeAffinity"] = {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
-            ]
-        }
-    }
+    """Require the node in every nodeSelectorTerm (terms are ORed: one term without it would let the
+    pod run elsewhere), keeping the user's own terms and preferred affinity; set the GPUs."""
+    affinity = pod_spec["affinity"] = dict(pod_spec.get("affinity") or {})
+    node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    host = {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
+    terms = [dict(term) for term in required.get("nodeSelectorTerms") or []] or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), host]
+    required["nodeSelectorTerms"] = terms
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
     set_visible_devices(pod_spec, {"name": VISIBLE_DEVICES, "value": uuids})
 
 
 def set_visible_devices(pod_spec: dict[str, Any], env_var: Mapping[str, Any]) -> None:
     """Give every container ``env_var`` as its ``NVIDIA_VISIBLE_DEVICES`` and no ``nvidia.com/gpu``
     request (the device plugin must not pick other GPUs); restartPolicy Never unless set."""
-    pod_spec.setdefault("restartPolicy", "Never")
+    if pod_spec.get("restartPolicy") is None:
+        pod_spec["restartPolicy"] = "Never"
     for kind in ("initContainers", "containers"):
         for container in pod_spec.get(kind) or []:
             env = [e for e in container.get("env") or [] if e.get("name") != VISIBLE_DEVICES]

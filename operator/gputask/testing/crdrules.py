@@ -20,19 +20,16 @@ Errors: none raised; :func:`crd_problems` returns the list (empty when the CRD i
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-Schema = Mapping[str, Any]
+from gputask.k8s.fields import FORBIDDEN, INVALID, NOT_SUPPORTED, REQUIRED, FieldError, aggregate, not_supported
 
-REQUIRED = "Required value"
-FORBIDDEN = "Forbidden"
-INVALID = "Invalid value"
-NOT_SUPPORTED = "Unsupported value"
-_NO_VALUE = object()
+Schema = Mapping[str, Any]
+__all__ = ["FORBIDDEN", "INVALID", "NOT_SUPPORTED", "REQUIRED", "ROOT_FIELDS", "FieldError", "aggregate",
+           "crd_problems", "printer_column_problems", "schema_problems"]
+
 
 JUNCTORS = ("allOf", "anyOf", "oneOf")
 OPENAPI_TYPES = ("array", "boolean", "integer", "number", "object", "string")
@@ -97,54 +94,6 @@ _NEWLINE = re.compile(r"[\n\r]+")
 _RULE_REASONS = ("FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate")
 
 
-@dataclass(frozen=True, slots=True)
-class FieldError:
-    """One refusal, as ``k8s.io/apimachinery``'s ``field.Error``: path, type, value, detail."""
-
-    field: str
-    type: str
-    detail: str = ""
-    value: Any = _NO_VALUE
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.body}"
-
-    @property
-    def body(self) -> str:
-        """The error without its field path (``field.Error.ErrorBody``): type, value, detail."""
-        body = self.type
-        if self.value is not _NO_VALUE and self.type not in (REQUIRED, FORBIDDEN):
-            body += f": {_render(self.value)}"
-        return f"{body}: {self.detail}" if self.detail else body
-
-    @property
-    def cause_reason(self) -> str:
-        """The ``metav1.StatusCause`` reason of this error (FieldValueRequired, ...)."""
-        return {
-            REQUIRED: "FieldValueRequired",
-            FORBIDDEN: "FieldValueForbidden",
-            NOT_SUPPORTED: "FieldValueNotSupported",
-        }.get(self.type, "FieldValueInvalid")
-
-
-def _render(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    return json.dumps(value, separators=(",", ":"))
-
-
-def aggregate(errors: list[FieldError]) -> str:
-    """The errors as the API server joins them in a Status message: one alone, else ``[a, b]``."""
-    texts = [str(e) for e in errors]
-    return texts[0] if len(texts) == 1 else f"[{', '.join(texts)}]"
-
-
-def _not_supported(path: str, value: Any, allowed: tuple[str, ...]) -> FieldError:
-    return FieldError(path, NOT_SUPPORTED, "supported values: " + ", ".join(f'"{a}"' for a in allowed), value)
-
-
 # -- the whole CRD -----------------------------------------------------------------------------------
 
 
@@ -186,7 +135,7 @@ def _name_problems(crd: Mapping[str, Any], spec: Mapping[str, Any]) -> list[Fiel
     if "." not in group:
         out.append(FieldError("spec.group", INVALID, "should be a domain with at least one dot", group))
     if spec.get("scope") not in ("Cluster", "Namespaced"):
-        out.append(_not_supported("spec.scope", spec.get("scope"), ("Cluster", "Namespaced")))
+        out.append(not_supported("spec.scope", spec.get("scope"), ("Cluster", "Namespaced")))
     for key in ("plural", "singular", "kind", "listKind"):
         value = names.get(key) or ""
         if not value:
@@ -311,7 +260,7 @@ def _openapi_problems(node: Schema, path: str, *, root: bool, meta: bool) -> lis
 def _unsupported_problems(node: Schema, path: str, *, meta: bool) -> list[FieldError]:
     out = [FieldError(f"{path}.{key}", FORBIDDEN, why) for key, why in UNSUPPORTED_KEYS.items() if key in node]
     if "type" in node and node["type"] not in OPENAPI_TYPES:
-        out.append(_not_supported(f"{path}.type", node["type"], OPENAPI_TYPES))
+        out.append(not_supported(f"{path}.type", node["type"], OPENAPI_TYPES))
     if node.get("uniqueItems") is True:
         out.append(
             FieldError(
@@ -345,7 +294,7 @@ def _extension_problems(node: Schema, path: str) -> list[FieldError]:
         if node.get("type") != "object":
             out.append(_typed(node, path, "object", "x-kubernetes-map-type is specified"))
         if node["x-kubernetes-map-type"] not in MAP_TYPES:
-            out.append(_not_supported(f"{path}.x-kubernetes-map-type", node["x-kubernetes-map-type"], MAP_TYPES))
+            out.append(not_supported(f"{path}.x-kubernetes-map-type", node["x-kubernetes-map-type"], MAP_TYPES))
     return out
 
 
@@ -366,7 +315,7 @@ def _list_problems(node: Schema, path: str) -> list[FieldError]:
     elif list_type == "set" and items is not None:
         out += _set_item_problems(items, f"{path}.items")
     if list_type is not None and list_type not in LIST_TYPES:
-        out.append(_not_supported(f"{path}.x-kubernetes-list-type", list_type, LIST_TYPES))
+        out.append(not_supported(f"{path}.x-kubernetes-list-type", list_type, LIST_TYPES))
     if keys and list_type != "map":
         detail = "must be map if x-kubernetes-list-map-keys is non-empty"
         out.append(
@@ -475,7 +424,7 @@ def _rule_problems(node: Schema, path: str) -> list[FieldError]:
                 FieldError(f"{where}.message", REQUIRED, "message must be specified if rule contains line breaks")
             )
         if "reason" in rule and rule["reason"] not in _RULE_REASONS:
-            out.append(_not_supported(f"{where}.reason", rule["reason"], _RULE_REASONS))
+            out.append(not_supported(f"{where}.reason", rule["reason"], _RULE_REASONS))
     return out
 
 
