@@ -242,7 +242,8 @@ async def test_status_subresource_is_isolated_from_the_spec(server: EmulatorServ
     status, gadget = await call(api, "PATCH", f"{base}/gadgets/g1", {"status": {"phase": "Changed"}}, MERGE)
     assert gadget["status"] == {"phase": "Changed"}
     assert (await call(api, "GET", f"{base}/gadgets/g1/status"))[0] == 404
-    await make(api, "/apis/batch/v1/namespaces/default/jobs", "j1", spec={"parallelism": 1})
+    template = {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}}
+    await make(api, "/apis/batch/v1/namespaces/default/jobs", "j1", spec={"parallelism": 1, "template": template})
     status, job = await call(api, "PATCH", "/apis/batch/v1/namespaces/default/jobs/j1", {"status": {}}, MERGE)
     assert "status" not in job
 
@@ -474,3 +475,30 @@ async def test_crd_create_is_refused_as_the_api_server_refuses_it(server: Emulat
         [{"reason": "FieldValueForbidden", "message": why, "field": field}],
         [201, 201, 201],
     )
+
+
+async def test_job_create_is_validated_and_quota_counted_as_the_api_server_does(api: aiohttp.ClientSession) -> None:
+    """A Job the Job API refuses gets 422 Invalid in the server's words; a count/jobs.batch quota gets 403."""
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    container = {"name": "main", "image": "busybox"}
+    always = {"metadata": {"name": "a"}, "spec": {"template": {"spec": {"restartPolicy": "Always",
+                                                                        "containers": [container]}}}}
+    sourceless = {"metadata": {"name": "b"}, "spec": {"template": {"spec": {"restartPolicy": "Never",
+                  "containers": [container], "volumes": [{"name": "data"}]}}}}
+    refused = [await call(api, "POST", jobs, body) for body in (always, sourceless)]
+    await make(api, "/api/v1/namespaces/default/resourcequotas", "no-jobs", spec={"hard": {"count/jobs.batch": "0"}})
+    pod = {"restartPolicy": "Never", "containers": [container]}
+    good = {"metadata": {"name": "c"}, "spec": {"template": {"spec": pod}}}
+    over = await call(api, "POST", jobs, good)
+    assert [(code, body["reason"], body["message"]) for code, body in [*refused, over]] == [
+        (422, "Invalid", 'Job.batch "a" is invalid: spec.template.spec.restartPolicy: Unsupported value: "Always": '
+                         'supported values: "OnFailure", "Never"'),
+        (422, "Invalid", 'Job.batch "b" is invalid: spec.template.spec.volumes[0]: Required value: must specify a '
+                         "volume type"),
+        (403, "Forbidden", 'jobs.batch "c" is forbidden: exceeded quota: no-jobs, requested: count/jobs.batch=1, '
+                           "used: count/jobs.batch=0, limited: count/jobs.batch=0"),
+    ]
+    assert refused[0][1]["details"]["causes"] == [
+        {"reason": "FieldValueNotSupported", "message": 'Unsupported value: "Always": supported values: "OnFailure", '
+         '"Never"', "field": "spec.template.spec.restartPolicy"}
+    ]

@@ -20,6 +20,7 @@ from typing import Any
 
 from kmock import KubernetesError, ObjectsArray, ResourceInfo, ResourcesArray, resource
 
+from gputask.testing._admission import RESOURCE_QUOTAS, quota_refusal, validation_problems
 from gputask.testing._resources import (
     CRD_RESOURCE,
     KEEP_STATUS_ON_CREATE,
@@ -206,6 +207,7 @@ class Store:
         key: Key = (res, namespace if info.namespaced else None, name)
         if self.live(key) is not None:
             raise error(409, "AlreadyExists", f'{_qualified(res)} "{name}" already exists', res, name)
+        self._admit(res, info, key, obj)
         obj = {
             "apiVersion": group_version(res),
             "kind": info.kind,
@@ -222,6 +224,16 @@ class Store:
         if res == CRD_RESOURCE:
             self._install(obj)
         return self._write(res, key, obj, None)
+
+    def _admit(self, res: resource, info: ResourceInfo, key: Key, obj: Obj) -> None:
+        """Validation (422) and object-count quota (403) of a create, as the API server applies them."""
+        problems = validation_problems(res, obj)
+        if problems:
+            raise rejected(res, key[2], problems, kind=info.kind)
+        quotas = [o for _, o in self.items(RESOURCE_QUOTAS, key[1])] if key[1] is not None else []
+        refusal = quota_refusal(res, key[1], key[2], quotas, lambda: len(self.items(res, key[1])))
+        if refusal is not None:
+            raise refusal
 
     def update(
         self,

@@ -12,7 +12,9 @@ controllers, no RBAC).
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
+import dataclasses
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -50,6 +52,16 @@ from gputask.testing._store import (
 )
 
 RECORDS_SIZE = 5_000  # requests kept for kmock's request assertions (bounded for `make demo`)
+ANSWERS = 10_000  # writes kept in GpuTaskEmulator.answers
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    """One write request as answered: method, path, HTTP status."""
+
+    method: str
+    path: str
+    status: int
 
 
 @attrs.define(kw_only=True)
@@ -66,6 +78,7 @@ class GpuTaskEmulator(KubernetesEmulator):
     """
 
     store: Store = attrs.field(init=False)
+    answers: collections.deque[Answer] = attrs.field(init=False, factory=lambda: collections.deque(maxlen=ANSWERS))
 
     def __attrs_post_init__(self) -> None:
         # Skip KubernetesEmulator's own CRUD fallbacks; keep the scaffold's discovery and 404s.
@@ -100,7 +113,14 @@ class GpuTaskEmulator(KubernetesEmulator):
     # -- HTTP plumbing ------------------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        """Serve one HTTP request: kmock's flow, with our URL parser and bounded request records."""
+        """Serve one HTTP request and log its answer in :attr:`answers` (writes only)."""
+        response = await self._serve_one(raw_request)
+        if raw_request.method not in ("GET", "HEAD"):
+            self.answers.append(Answer(raw_request.method, raw_request.path, response.status))
+        return response
+
+    async def _serve_one(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """kmock's flow, with our URL parser and bounded request records."""
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
             request = await _http.parse_request(raw_request, len(self._requests))

@@ -1,0 +1,136 @@
+"""What a real API server answers, and how the real kopf operator takes it (the real-cluster issue).
+
+The emulator answers these paths as kube-apiserver documents them: 422 Invalid for a Job the Job
+API refuses, 403 Forbidden for an object-count ResourceQuota, 422 for a CRD breaking the CRD
+rules (see test_emulator.py); each test here fails without the operator's handling of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gputask.k8s import executor
+from gputask.k8s.client import GPUTASKS, JOBS, NotFound, Resource
+from harness import Cluster, eventually, gputask, running_operator
+
+A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas")
+JOB_POSTS = "/apis/batch/v1/namespaces/default/jobs"
+
+
+def condition(task: dict[str, Any], ctype: str) -> dict[str, Any]:
+    """One condition of a stored task ({} when absent)."""
+    return next((c for c in (task.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
+
+
+async def reason_of(cluster: Cluster, name: str) -> tuple[str, str, str] | None:
+    """(phase, Admitted reason, Admitted message) of a task, once it has a status."""
+    task = await cluster.task(name)
+    admitted = condition(task, "Admitted")
+    return (task["status"]["phase"], admitted.get("reason", ""), admitted.get("message", "")) if admitted else None
+
+
+async def has_job(cluster: Cluster, name: str) -> bool:
+    """True when the Job exists."""
+    try:
+        await cluster.client.get(JOBS, name, "default")
+    except NotFound:
+        return False
+    return True
+
+
+def refused_posts(cluster: Cluster, status: int) -> int:
+    """Job creates the emulator answered with ``status``."""
+    return sum(1 for a in cluster.server.emulator.answers if a.method == "POST" and a.path == JOB_POSTS
+               and a.status == status)
+
+
+def with_template(body: dict[str, Any], **pod: Any) -> dict[str, Any]:
+    """``body`` with these pod spec fields added to its template."""
+    body["spec"]["template"]["spec"] |= pod
+    return body
+
+
+async def test_a_job_the_api_server_refuses_backs_off_says_why_and_frees_its_gpu(cluster: Cluster) -> None:
+    """A 422 the operator could not foresee (a volume without a source): JobRejected with the server's
+    message and a Warning Event, one Job create per backoff step, the GPU free for the next task; a
+    mended spec is tried at once."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(with_template(gputask("bad", gpuMemory="20Gi"), volumes=[{"name": "data"}]))
+
+        async def rejected() -> tuple[str, str, str] | None:
+            found = await reason_of(cluster, "bad")
+            return found if found and found[1] == "JobRejected" else None
+
+        why = (
+            'the API server refused Job bad-1: 422 Invalid: Job.batch "bad-1" is invalid: '
+            "spec.template.spec.volumes[0]: Required value: must specify a volume type; retried in 10s (attempt 1)"
+        )
+        assert await eventually(rejected) == ("Pending", "JobRejected", why)
+        await cluster.submit(gputask("good", gpuMemory="20Gi"))
+        assert await eventually(lambda: has_job(cluster, "good-1"))
+        await asyncio.sleep(1.5)  # several cycles: the refused task is not tried again before its backoff
+        warnings = [e for e in await cluster.events_for("bad") if e[0] == "Warning"]
+        assert (refused_posts(cluster, 422), warnings) == (1, [("Warning", "JobRejected", why)])
+        mended = {"spec": {"template": {"spec": {"volumes": [{"name": "data", "emptyDir": {}}]}}}}
+        await cluster.client.patch(GPUTASKS, "bad", mended, "default")
+
+        async def no_fit() -> tuple[str, str, str] | None:
+            found = await reason_of(cluster, "bad")
+            return found if found and found[1] == "NoFit" else None
+
+        assert (await eventually(no_fit))[0] == "Pending"  # tried at once with the new spec; the GPU is taken
+        await cluster.client.delete(Resource("gputask.io", "v1alpha1", "gputasks"), "good", "default")
+        assert await eventually(lambda: has_job(cluster, "bad-1"))
+
+
+async def test_a_quota_that_forbids_jobs_backs_off_and_the_task_runs_once_it_is_lifted(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A namespace ResourceQuota with count/jobs.batch 0: 403 in the task's condition; retried with a
+    doubling backoff (shortened here), admitted once the quota is gone."""
+    monkeypatch.setattr(executor, "BACKOFF_BASE_S", 0.4)
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-jobs", "namespace": "default"},
+             "spec": {"hard": {"count/jobs.batch": "0"}}}
+    await cluster.client.create(RESOURCE_QUOTAS, quota, "default")
+    async with running_operator(cluster):
+        await cluster.submit(gputask("t", gpuMemory="4Gi"))
+
+        async def forbidden() -> str | None:
+            found = await reason_of(cluster, "t")
+            return found[2] if found and found[1] == "JobRejected" else None
+
+        message = await eventually(forbidden)
+        assert message.startswith(
+            'the API server refused Job t-1: 403 Forbidden: jobs.batch "t-1" is forbidden: exceeded quota: no-jobs, '
+            "requested: count/jobs.batch=1, used: count/jobs.batch=0, limited: count/jobs.batch=0; retried in"
+        )
+        await asyncio.sleep(1.0)
+        tries = refused_posts(cluster, 403)
+        assert 1 <= tries <= 3  # 0.4 s, 0.8 s, 1.6 s: not one per cycle (the cycle runs every 0.2 s)
+        await cluster.client.delete(RESOURCE_QUOTAS, "no-jobs", "default")
+        assert await eventually(lambda: has_job(cluster, "t-1"), timeout_s=20)
+
+
+async def test_a_template_the_job_api_would_refuse_fails_at_once_without_a_job(cluster: Cluster) -> None:
+    """env written as a string: InvalidSpec, Failed, a Warning Event, and not one Job create."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        body = gputask("t", gpuMemory="4Gi")
+        body["spec"]["template"]["spec"]["containers"][0]["env"] = "X=1"
+        await cluster.submit(body)
+        why = (
+            "the pod template would be refused as a Job's: spec.template.spec.containers[0].env: Invalid value: "
+            '"X=1": must be a list'
+        )
+        assert await eventually(lambda: reason_of(cluster, "t")) == ("Failed", "InvalidSpec", why)
+        assert await eventually(lambda: cluster.events_for("t")) == [("Warning", "InvalidSpec", why)]
+        assert [a for a in cluster.server.emulator.answers if a.path == JOB_POSTS] == []
