@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from gputask.config import Config
 from gputask.k8s import executor
-from gputask.k8s.client import GPUTASKS, JOBS, NotFound, Resource
+from gputask.k8s.client import EVENTS, GPUTASKS, JOBS, PODS, NotFound, Resource
 from harness import Cluster, eventually, gputask, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
@@ -44,8 +45,9 @@ async def has_job(cluster: Cluster, name: str) -> bool:
 
 def refused_posts(cluster: Cluster, status: int) -> int:
     """Job creates the emulator answered with ``status``."""
-    return sum(1 for a in cluster.server.emulator.answers if a.method == "POST" and a.path == JOB_POSTS
-               and a.status == status)
+    return sum(
+        1 for a in cluster.server.emulator.answers if a.method == "POST" and a.path == JOB_POSTS and a.status == status
+    )
 
 
 def with_template(body: dict[str, Any], **pod: Any) -> dict[str, Any]:
@@ -97,8 +99,12 @@ async def test_a_quota_that_forbids_jobs_backs_off_and_the_task_runs_once_it_is_
     monkeypatch.setattr(executor, "BACKOFF_BASE_S", 0.4)
     await cluster.add_node("node-a", A10)
     await cluster.add_queue()
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-jobs", "namespace": "default"},
-             "spec": {"hard": {"count/jobs.batch": "0"}}}
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-jobs", "namespace": "default"},
+        "spec": {"hard": {"count/jobs.batch": "0"}},
+    }
     await cluster.client.create(RESOURCE_QUOTAS, quota, "default")
     async with running_operator(cluster):
         await cluster.submit(gputask("t", gpuMemory="4Gi"))
@@ -134,3 +140,137 @@ async def test_a_template_the_job_api_would_refuse_fails_at_once_without_a_job(c
         assert await eventually(lambda: reason_of(cluster, "t")) == ("Failed", "InvalidSpec", why)
         assert await eventually(lambda: cluster.events_for("t")) == [("Warning", "InvalidSpec", why)]
         assert [a for a in cluster.server.emulator.answers if a.path == JOB_POSTS] == []
+
+
+async def pod_of_job(cluster: Cluster, job_name: str, pod_name: str, status: dict[str, Any]) -> None:
+    """Create a pod as the Job controller would (labels, owner) and give it ``status`` as the kubelet would."""
+    job = await cluster.client.get(JOBS, job_name, "default")
+    labels = job["spec"]["template"]["metadata"]["labels"] | {"batch.kubernetes.io/job-name": job_name}
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job_name,
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": "default", "labels": labels, "ownerReferences": [owner]},
+        "spec": job["spec"]["template"]["spec"],
+    }
+    await cluster.client.create(PODS, pod, "default")
+    await cluster.client.patch(PODS, pod_name, {"status": status}, "default", status=True)
+
+
+async def phase_of(cluster: Cluster, name: str) -> str:
+    """The task's status.phase ('' before it has one)."""
+    return str(((await cluster.task(name)).get("status") or {}).get("phase") or "")
+
+
+async def test_running_means_a_pod_runs_not_that_the_job_exists(cluster: Cluster) -> None:
+    """Admitted while its pod is Pending (Job.status.active counts it), Running once the pod runs."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("t", gpuMemory="4Gi"))
+        assert await eventually(lambda: has_job(cluster, "t-1"))
+        await pod_of_job(cluster, "t-1", "t-1-abcde", {"phase": "Pending"})
+        await cluster.client.patch(JOBS, "t-1", {"status": {"active": 1}}, "default", status=True)
+        await asyncio.sleep(0.6)
+        assert await phase_of(cluster, "t") == "Admitted"
+        await cluster.client.patch(PODS, "t-1-abcde", {"status": {"phase": "Running"}}, "default", status=True)
+
+        async def running() -> str | None:
+            task = await cluster.task("t")
+            return task["status"]["message"] if task["status"]["phase"] == "Running" else None
+
+        assert await eventually(running) == "pod t-1-abcde of Job t-1 is Running"
+
+
+async def test_pods_that_cannot_be_created_are_evicted_with_the_jobs_failed_create_text(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Job whose pods PodSecurity forbids (FailedCreate on the Job): after podStartTimeout the task is
+    evicted (PodsNotStarting, counted as a reschedule), its Job deleted and its GPU freed; retried later."""
+    monkeypatch.setattr(executor, "BACKOFF_BASE_S", 0.5)
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, Config(cycleInterval=0.2, podStartTimeout=1)):
+        await cluster.submit(gputask("t", gpuMemory="20Gi"))
+        assert await eventually(lambda: has_job(cluster, "t-1"))
+        job = await cluster.client.get(JOBS, "t-1", "default")
+        forbidden = (
+            'Error creating: pods "t-1-x7k2p" is forbidden: violates PodSecurity "restricted:latest": '
+            "allowPrivilegeEscalation != false"
+        )
+        await cluster.client.create(
+            EVENTS,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": "t-1.", "namespace": "default"},
+                "involvedObject": {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": "t-1",
+                    "namespace": "default",
+                    "uid": job["metadata"]["uid"],
+                },
+                "reason": "FailedCreate",
+                "message": forbidden,
+                "type": "Warning",
+                "source": {"component": "job-controller"},
+            },
+            "default",
+        )
+
+        async def evicted() -> dict[str, Any] | None:
+            task = await cluster.task("t")
+            found = condition(task, "Evicted")
+            return (
+                {"reason": found["reason"], "message": found["message"], "reschedules": task["status"]["reschedules"]}
+                if found
+                else None
+            )
+
+        message = f"no pod of Job t-1 running 1s after admission: FailedCreate: {forbidden}"
+        assert await eventually(evicted) == {"reason": "PodsNotStarting", "message": message, "reschedules": 1}
+        assert not await has_job(cluster, "t-1") or (await cluster.client.get(JOBS, "t-1", "default"))["metadata"].get(
+            "deletionTimestamp"
+        )
+        assert await eventually(lambda: has_job(cluster, "t-2"), timeout_s=20)
+
+
+async def test_an_unschedulable_pod_is_evicted_with_the_schedulers_message(cluster: Cluster) -> None:
+    """A pod kube-scheduler cannot place (PodScheduled False, Unschedulable): its message names the cause;
+    with maxReschedules 0 the task fails for good."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, Config(cycleInterval=0.2, podStartTimeout=1)):
+        await cluster.submit(gputask("t", gpuMemory="4Gi", maxReschedules=0))
+        assert await eventually(lambda: has_job(cluster, "t-1"))
+        unschedulable = {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                }
+            ],
+        }
+        await pod_of_job(cluster, "t-1", "t-1-abcde", unschedulable)
+
+        async def failed() -> tuple[str, str] | None:
+            task = await cluster.task("t")
+            found = condition(task, "Finished")
+            return (task["status"]["phase"], found["message"]) if found else None
+
+        why = (
+            "no pod of Job t-1 running 1s after admission: pod t-1-abcde is Unschedulable: 0/3 nodes are "
+            "available: 3 Insufficient cpu."
+        )
+        assert await eventually(failed) == ("Failed", f"{why}; rescheduled 0 times already")

@@ -22,4 +22,4 @@ def test_chaos_run_accounts_for_every_task_without_violations(seed: int) -> None
     summary = summarize(run_scenario(doc), 400)
     assert kinds == {"submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "restartOperator"}
     assert (summary["accountedFor"], summary["violations"], sum(summary["phases"].values())) == (400, [], 400)
-    assert set(summary["phases"]) <= {"Succeeded", "Deleted", "Failed", "Pending", "Admitted"}
+    assert set(summary["phases"]) <= {"Succeeded", "Deleted", "Failed", "Pending", "Running"}

@@ -139,7 +139,7 @@ def test_basic_matching_whole_output() -> None:
         "namespace": "default",
         "node": "node-a",
         "gpus": [0],
-        "phase": "Admitted",
+        "phase": "Running",
         "attempt": 1,
         "admittedAt": 0,
         "finishedAt": None,
@@ -168,11 +168,11 @@ def test_basic_matching_whole_output() -> None:
 
 
 def test_seed_basic_matching_file() -> None:
-    """The shared seed gives what its header promises: both Admitted at 0, big on node-a GPU 0."""
+    """The shared seed gives what its header promises: both Running from 0, big on node-a GPU 0."""
     result = run_scenario(seed("seed-basic-matching"))
     assert (brief(result)["big"], brief(result)["small"][:5], result["violations"]) == (
-        ("Admitted", "node-a", [0], 1, 0, None, None),
-        ("Admitted", "node-a", [0], 1, 0),
+        ("Running", "node-a", [0], 1, 0, None, None),
+        ("Running", "node-a", [0], 1, 0),
         [],
     )
 
@@ -190,12 +190,12 @@ def test_fragment_reuse(doc: dict[str, Any] | str) -> None:
         during["violations"] + after["violations"],
     ) == (
         {
-            "long-train": ("Admitted", "node-a", [0], 1, 0, None, None),
-            "small-eval": ("Admitted", "node-a", [0], 1, 10, None, None),
+            "long-train": ("Running", "node-a", [0], 1, 0, None, None),
+            "small-eval": ("Running", "node-a", [0], 1, 10, None, None),
         },
         20480,
         {
-            "long-train": ("Admitted", "node-a", [0], 1, 0, None, None),
+            "long-train": ("Running", "node-a", [0], 1, 0, None, None),
             "small-eval": ("Succeeded", "node-a", [0], 1, 10, 310, None),
         },
         [],
@@ -208,8 +208,8 @@ def test_node_failure(doc: dict[str, Any] | str) -> None:
     result = run_scenario(seed(doc) if isinstance(doc, str) else doc)
     assert (brief(result), result["tasks"][0]["history"], result["violations"]) == (
         {
-            "job-1": ("Admitted", "node-b", [0], 2, 121, None, "NodeFailure"),
-            "job-2": ("Admitted", "node-b", [0], 2, 121, None, "NodeFailure"),
+            "job-1": ("Running", "node-b", [0], 2, 121, None, "NodeFailure"),
+            "job-2": ("Running", "node-b", [0], 2, 121, None, "NodeFailure"),
         },
         [
             entry(0, "Admitted", node="node-a", gpus=(0,)),
@@ -309,7 +309,7 @@ def test_node_down_blocks_new_work_at_once() -> None:
         [node("node-a", "80Gi"), node("node-b", "80Gi")],
         [{"at": 0, "nodeDown": {"name": "node-a"}}, submit("late", at=10, gpuMemory="8Gi")],
     )
-    assert brief(run_scenario(doc)) == {"late": ("Admitted", "node-b", [0], 1, 10, None, None)}
+    assert brief(run_scenario(doc)) == {"late": ("Running", "node-b", [0], 1, 10, None, None)}
 
 
 def test_node_deleted_evicts_at_once() -> None:
@@ -318,7 +318,7 @@ def test_node_deleted_evicts_at_once() -> None:
         [node("node-a", "80Gi"), node("node-b", "80Gi")],
         [submit("job", gpuMemory="30Gi"), {"at": 5, "nodeDeleted": {"name": "node-a"}}],
     )
-    assert brief(run_scenario(doc)) == {"job": ("Admitted", "node-b", [0], 2, 5, None, "NodeFailure")}
+    assert brief(run_scenario(doc)) == {"job": ("Running", "node-b", [0], 2, 5, None, "NodeFailure")}
 
 
 def test_gpu_unhealthy_evicts_and_fences_the_gpu() -> None:
@@ -334,8 +334,8 @@ def test_gpu_unhealthy_evicts_and_fences_the_gpu() -> None:
     result = run_scenario(doc)
     assert (brief(result), result["violations"]) == (
         {
-            "a": ("Admitted", "node-a", [1], 2, 50, None, "GPUFailure"),
-            "b": ("Admitted", "node-a", [1], 1, 60, None, None),
+            "a": ("Running", "node-a", [1], 2, 50, None, "GPUFailure"),
+            "b": ("Running", "node-a", [1], 1, 60, None, None),
         },
         [],
     )
@@ -357,7 +357,7 @@ def test_delete_frees_gpus_for_the_next_task() -> None:
     assert (brief(result), result["tasks"][0]["history"], result["queues"]["default"]["pending"]) == (
         {
             "a": ("Deleted", "node-a", [0], 1, 0, 30, "Deleted"),
-            "b": ("Admitted", "node-a", [0], 1, 30, None, "NoFit"),
+            "b": ("Running", "node-a", [0], 1, 30, None, "NoFit"),
             "c": ("Deleted", None, [], 0, None, None, "Deleted"),
         },
         [entry(0, "Admitted", node="node-a", gpus=(0,)), entry(30, "Finished", "Deleted", "node-a", (0,))],
@@ -428,7 +428,7 @@ def test_grace_period_comes_from_config() -> None:
     """The node-failure grace period is the operator configuration's, and is printed in the output."""
     result = run_scenario(NODE_FAILURE, config=Config.model_validate({"nodeFailureGracePeriod": "5m"}))
     assert (brief(result)["job-1"][:5], result["config"]["nodeFailureGracePeriod"]) == (
-        ("Admitted", "node-b", [0], 2, 361),
+        ("Running", "node-b", [0], 2, 361),
         300.0,
     )
 
@@ -640,7 +640,7 @@ def _valid_only(nodes: list[dict[str, Any]], events: list[dict[str, Any]]) -> li
     return kept
 
 
-PHASES = {"Pending", "Admitted", "Succeeded", "Failed", "Deleted"}
+PHASES = {"Pending", "Running", "Succeeded", "Failed", "Deleted"}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,6 +14,7 @@ nor a restart can double-book them.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -43,6 +44,9 @@ log = logging.getLogger("gputask.controller")
 
 PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
 JOB_DELETED = "JobDeleted"
+PODS_NOT_STARTING = "PodsNotStarting"
+STARTED_POD_PHASES = ("Running", "Succeeded", "Failed")
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
 
 @dataclass(slots=True)
@@ -131,6 +135,8 @@ class Controller:
         self.held: dict[str, TaskKey] = {}  # departing Job key -> holding key in the scheduler
         self.blocked_on: dict[str, set[TaskKey]] = {}  # (Workload)PriorityClass name -> tasks waiting for it
         self.outbox: list[Report] = []
+        self.start_deadlines: list[tuple[float, TaskKey, int]] = []  # heap: (deadline s, task, attempt)
+        self.pod_problems: dict[str, str] = {}  # Job key -> why its pod does not start (Unschedulable)
 
     # -- lookups ------------------------------------------------------------------------------------
     def record_by_uid(self, uid: str) -> TaskRecord | None:
@@ -162,9 +168,59 @@ class Controller:
             assert record is not None
             self.scheduler.finish(record.key)
             self.outbox.append(Report("finished", record, job.outcome))
-        elif current and record is not None and record.phase == ADMITTED and _active(obj):
-            self.outbox.append(Report("running", record, f"Job {job.name} is running"))
         return job
+
+    # -- the task's pods ----------------------------------------------------------------------------
+    def on_task_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pod of one of our Jobs changed: Running once it runs; remember why it cannot be scheduled."""
+        job = self._job_of_pod(pod)
+        if job is None:
+            return
+        record = self.by_uid.get(job.task_uid)
+        if record is None or record.job_name != job.name:
+            return
+        status = pod.get("status") or {}
+        if not deleted and status.get("phase") in STARTED_POD_PHASES:
+            self.pod_problems.pop(job.key, None)
+            if record.phase == ADMITTED:
+                name = (pod.get("metadata") or {}).get("name")
+                self.outbox.append(Report("running", record, f"pod {name} of Job {job.name} is {status['phase']}"))
+            return
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
+                name = (pod.get("metadata") or {}).get("name")
+                self.pod_problems[job.key] = f"pod {name} is {cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+
+    def _job_of_pod(self, pod: Mapping[str, Any]) -> JobRecord | None:
+        meta = pod.get("metadata") or {}
+        owners = [r.get("name") for r in meta.get("ownerReferences") or [] if r.get("kind") == "Job"]
+        labels = meta.get("labels") or {}
+        names = owners + [labels[k] for k in JOB_NAME_LABELS if k in labels]
+        namespace = meta.get("namespace") or "default"
+        return next((self.jobs[f"{namespace}/{n}"] for n in names if f"{namespace}/{n}" in self.jobs), None)
+
+    def started(self, record: TaskRecord, admitted_at: float) -> None:
+        """An admitted task must have a running pod by ``admitted_at`` + podStartTimeout (seconds)."""
+        deadline = admitted_at + self.config.pod_start_timeout_s
+        heapq.heappush(self.start_deadlines, (deadline, record.key, record.attempt))
+
+    def overdue(self, now: float) -> list[TaskRecord]:
+        """Admitted tasks still without a running pod past their deadline (each reported once)."""
+        out = []
+        while self.start_deadlines and self.start_deadlines[0][0] <= now:
+            _, key, attempt = heapq.heappop(self.start_deadlines)
+            record = self.tasks.get(key)
+            if record is not None and record.phase == ADMITTED and record.attempt == attempt:
+                out.append(record)
+        return out
+
+    def pods_not_starting(self, record: TaskRecord, message: str, retry_at: float) -> None:
+        """Evict a task whose pods never started (counted against maxReschedules); retry it at ``retry_at``."""
+        if record.phase != ADMITTED:
+            return
+        self.scheduler.evict(record.key, PODS_NOT_STARTING, message, failure=True)
+        if record.key in self.scheduler.pending:
+            self.scheduler.defer(record.key, retry_at, PODS_NOT_STARTING, message)
 
     def _remember(self, job: JobRecord) -> None:
         self.jobs[job.key] = job
@@ -345,6 +401,8 @@ class Controller:
         record.attempt, record.job_name, record.placement = job.attempt, job.name, job.placement
         self.scheduler.set_reschedules(record.key, record.reschedules)
         self.scheduler.restore(record.task, job.placement, time.time())
+        if record.phase == ADMITTED:  # the pod-start deadline runs on from the admission, not the restart
+            self.started(record, convert.timestamp(record.admitted_at) or time.time())
 
     def on_task_deleted(self, obj: Mapping[str, Any]) -> TaskRecord | None:
         """A GPUTask is gone (or being deleted): forget it; its Job keeps its GPUs until it is gone too."""
@@ -405,10 +463,6 @@ class Controller:
             if record.phase in PLACED_PHASES and status_behind(record):
                 # a restart between creating the Job and writing the status: finish the write
                 self.outbox.append(Report("restored", record, f"Admitted (Job {record.job_name} found at restart)"))
-
-
-def _active(job: Mapping[str, Any]) -> bool:
-    return bool(((job.get("status") or {}).get("active") or 0) > 0)
 
 
 def _int(value: Any) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s.client import GPUCLUSTERQUEUES, JOBS, AlreadyExists, ApiError, Fenced, NotFound
+from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, JOBS, AlreadyExists, ApiError, Fenced, NotFound
 from gputask.k8s.controller import Controller, JobRecord, Report
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe
@@ -122,6 +122,8 @@ class Executor:
             self.metrics.latency.observe(max(0.0, time.time() - decision.task.created))
         message = f"Admitted by GPUClusterQueue {decision.task.queue!r} on {describe(placement)}"
         quota = f"quota reserved in {decision.task.queue!r}"
+        record.attempt = attempt
+        self.controller.started(record, time.time())
         await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
                                         message=message)
 
@@ -212,6 +214,32 @@ class Executor:
         record = self.controller.tasks.get(decision.task.key)
         if record is not None:
             await self.transitions.failed(record, decision.reason, decision.message)
+
+    # -- pods that never start -------------------------------------------------------------------------
+    async def start_problem(self, record: TaskRecord) -> str:
+        """Why a task's pod is not running: the Job's FailedCreate Event, or its pod's scheduling condition."""
+        timeout = self.controller.config.pod_start_timeout_s
+        job_key = f"{record.namespace}/{record.job_name}"
+        details = self.controller.pod_problems.get(job_key)
+        fields = f"involvedObject.kind=Job,involvedObject.name={record.job_name},reason=FailedCreate"
+        try:
+            events = await self.writer.client.list(EVENTS, record.namespace, fields=fields)
+        except ApiError:
+            events = []
+        if events:
+            last = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+            details = f"FailedCreate: {last.get('message')}"
+        return f"no pod of Job {record.job_name} running {timeout:g}s after admission: {details or 'no pod seen'}"
+
+    async def pods_not_starting(self, records: list[TaskRecord]) -> None:
+        """Evict tasks past their pod-start deadline, with the reason; they are retried after a backoff."""
+        for record in records:
+            message = await self.start_problem(record)
+            backoff = record.backoff
+            backoff.failures += 1
+            delay = backoff_s(backoff.failures)
+            log.warning("task %s: %s; evicted, retried in %gs", record.key, message, delay)
+            self.controller.pods_not_starting(record, message, time.time() + delay)
 
     # -- Job deletions ------------------------------------------------------------------------------
     async def delete(self, job_key: str) -> None:

@@ -191,6 +191,14 @@ class Operator:
         if node is not None and self.leading:
             self.loop.wake()
 
+    async def on_task_pod(self, event: dict[str, Any], **_: Any) -> None:
+        """A pod of one of our Jobs changed: it runs (phase Running), or cannot be scheduled."""
+        if not self.leading:
+            return
+        async with self.gate:
+            self.controller.on_task_pod(event["object"], deleted=event.get("type") == "DELETED")
+        self.loop.wake()
+
     async def on_local_queue(self, event: dict[str, Any], **_: Any) -> None:
         """A Kueue LocalQueue changed (gputask mode: it may make Kueue suspend our Jobs)."""
         self.kueue.on_local_queue(event["object"], deleted=event.get("type") == "DELETED")
@@ -233,6 +241,7 @@ class Operator:
         kopf.on.event("gputask.io", "v1alpha1", "gputasks", registry=reg)(self.on_task)
         kopf.on.event("batch", "v1", "jobs", registry=reg, annotations={TASK_UID_ANNOTATION: kopf.PRESENT})(self.on_job)
         kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.ABSENT}, when=may_claim)(self.on_pod)
+        kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.PRESENT}, id="task-pods")(self.on_task_pod)
         if self.config.queueing == "kueue":
             kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", registry=reg)(self.on_workload)
         else:

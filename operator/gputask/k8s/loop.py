@@ -55,6 +55,9 @@ class SchedulingLoop:
                 controller.inventory.check_heartbeats(now)
                 reports = controller.take_reports()
             await executor.publish(reports)
+            overdue = controller.overdue(now)
+            if overdue:
+                await executor.pods_not_starting(overdue)  # evictions the next lines' cycle emits
             async with self.gate:
                 started = time.perf_counter()
                 decisions = await asyncio.to_thread(controller.scheduler.cycle, now)

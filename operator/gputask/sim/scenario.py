@@ -103,6 +103,7 @@ FIFO = "fifo"
 """The baseline policy name: whole GPUs, StrictFIFO queues, first fit."""
 
 DELETED = "Deleted"
+RUNNING = "Running"  # no pods to start here: a task runs from its admission until its duration ends
 SUCCEEDED = "Succeeded"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -155,7 +156,7 @@ class _Record:
 
     @property
     def live(self) -> bool:
-        return self.phase in ("Pending", "Admitted")
+        return self.phase in ("Pending", RUNNING)
 
     def log(
         self,
@@ -266,13 +267,13 @@ class _Run:
         if not record.live:
             return
         self.scheduler.finish(record.key)
-        if record.phase == "Admitted":
+        if record.phase == RUNNING:
             record.finished_at = now
         record.log(now, "Finished", DELETED, placement=record.placement)
         record.phase, record.reason = DELETED, DELETED
 
     def _finish(self, now: float, record: _Record, attempt: int) -> None:
-        if record.phase != "Admitted" or record.attempt != attempt:
+        if record.phase != RUNNING or record.attempt != attempt:
             return  # evicted or deleted since: this finish belongs to an earlier run
         self.scheduler.finish(record.key)
         record.phase, record.finished_at = SUCCEEDED, now
@@ -308,7 +309,7 @@ class _Run:
             if record.task is None or not record.live:
                 continue
             scheduler.set_reschedules(record.key, record.failures)
-            if record.phase == "Admitted":
+            if record.phase == RUNNING:
                 assert record.placement is not None and record.admitted_at is not None
                 scheduler.restore(record.task, record.placement, admitted_at=record.admitted_at)
             else:
@@ -347,7 +348,7 @@ class _Run:
                 record.log(now, "Failed", decision.reason)
 
     def _admitted(self, now: float, record: _Record, placement: Placement) -> None:
-        record.phase, record.placement = "Admitted", placement
+        record.phase, record.placement = RUNNING, placement
         record.attempt += 1
         record.admitted_at, record.finished_at = now, None
         record.log(now, "Admitted", None, placement=placement)
@@ -402,7 +403,7 @@ def _consistency(scheduler: Scheduler, records: Iterable[_Record]) -> list[str]:
     running = set(scheduler.running)
     for record in records:
         key = record.key
-        if record.phase == "Admitted" and scheduler.placement_of(key) != record.placement:
+        if record.phase == RUNNING and scheduler.placement_of(key) != record.placement:
             node = None if record.placement is None else record.placement.node
             out.append(f"task lost: {key} runs on {node} but the scheduler does not hold it there")
         elif record.phase == "Pending" and key not in scheduler.pending and key not in scheduler.nominated:
