@@ -108,8 +108,8 @@ OPERATOR: tuple[Rule, ...] = (
     rule(GPUCLUSTERQUEUES, "patch", sub="status", why="usage, pending and admitted counts of each queue"),
     rule(JOBS, "create", "delete", why="one pinned Job per admission; deleted on eviction, preemption, task deletion"),
     rule(JOBS, "get", why="after a 409 on create: check the existing Job was made for this task (its uid)"),
-    rule(EVENTS, "create", "list", why="Events on GPUTasks (the operator's and kopf's); a Job's FailedCreate Events read"
-         " when its pods do not start"),
+    rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
+    rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),
     rule(
         CONFIGMAPS,
