@@ -299,3 +299,20 @@ def test_an_inadmissible_head_does_not_block_a_strict_fifo_queue() -> None:
         Pending(huge, "Inadmissible", "no node has 4 GPU(s) that could ever be idle"),
         Admit(small, placed("a", (0, W)), {GPU: 1000, "gputask.io/gpu-memory": W}),
     ]
+
+
+def test_a_victim_of_another_queue_is_taken_only_while_its_queue_still_borrows() -> None:
+    """Kueue re-checks each candidate as the plan grows: b borrows 250m, so a borrowing preemptor may
+    not take both b's tasks (after the first, b is below its nominal quota), and the two queues do not
+    take the GPUs from each other for ever (found by the preemption property test)."""
+    qa = cq("qa", cohort="org", gpus=1, reclaim="LowerPriority", borrow="LowerPriority")
+    qb = cq("qb", cohort="org", gpus=1, reclaim="Any")
+    whole, small = task("whole", queue="qb", created=0), task("small", queue="qb", memory_gib=4, priority=1, created=4)
+    big = task("big", queue="qa", count=2, priority=2, created=1)
+    s = Scheduler(nodes=[node("n0", 16, 16)])
+    s.set_queue(qa)
+    s.set_queue(qb)
+    running(s, whole, small)
+    s.submit(big)
+    assert [d for d in s.cycle(1.0) if not isinstance(d, Pending)] == []
+    assert sorted(s.running) == ["ns/small", "ns/whole"]

@@ -14,7 +14,8 @@ Who may be preempted (Kueue documentation, "Cluster Queue" > Preemption):
 
 Unlike Kueue, victims are chosen on ONE node so that the preemptor really fits there: on each
 node, candidates are removed lowest priority first (most recently admitted, then newest, first)
-until the preemptor fits, then each removed one is put back while the preemptor still fits
+until the preemptor fits (a task of another queue only while that queue, its earlier victims
+gone, still borrows: :func:`borrowing_after`), then each removed one is put back while the preemptor still fits
 ("reprieve", as in Kueue and kube-scheduler). The node whose victim set is smallest, then has
 the lowest priorities, then the most recently admitted, wins; ties go to the smallest name.
 Planning works on the live state with undo steps: it leaves the state exactly as it found it.
@@ -162,6 +163,8 @@ class Planner:
         victims: list[Victim] = []
         placement: Placement | None = None
         for candidate in ordered:
+            if candidate.task.queue != task.queue and not borrowing_after(self.quotas, candidate.task.queue, victims):
+                continue  # taking it would push its queue below its nominal quota (Kueue re-checks each one)
             victims.append(candidate)
             placement = self._fits(task, state, quota, victims)
             if placement is not None:
@@ -174,6 +177,22 @@ class Planner:
             if found is not None:
                 victims, placement = trial, found
         return victims, placement
+
+
+def borrowing_after(quotas: QuotaBook, queue: str, removed: list[Victim]) -> bool:
+    """True when ``queue`` still uses more than its nominal quota of some resource once ``removed`` are gone.
+
+    Kueue takes a task of another queue only while that queue borrows, judged again after every victim
+    already chosen (pkg/scheduler/preemption: candidates are re-validated as the plan grows).
+    """
+    spec = quotas.specs.get(queue)
+    if spec is None:
+        return False
+    used = dict(quotas.usage.get(queue, {}))
+    for victim in removed:
+        if victim.task.queue == queue:
+            add_usage(used, victim.usage, -1)
+    return any(used.get(r, 0) > q.nominal for r, q in spec.quotas.items())
 
 
 def _removal_order(victim: Victim) -> tuple[object, ...]:
