@@ -18,7 +18,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     async with EmulatorServer() as server:
         server.install_crds_from(REPO / "crds")
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        client = KubeClient(load_api_client(str(kubeconfig)))
+        client = KubeClient(load_api_client(str(kubeconfig), user_agent="test"), field_manager="test")
         yield Cluster(server, client, Path(kubeconfig))
         await client.close()
 

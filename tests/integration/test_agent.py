@@ -73,7 +73,8 @@ async def test_agent_reports_gpus_and_the_operator_places_a_task_on_them(cluster
         owners = obj["metadata"].get("ownerReferences")
         assert (owners, status) == (
             [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]}],
-            {"gpus": [a10(0, U0), a10(1, U1)], "driverVersion": "fake", "cudaVersion": "fake"},
+            {"gpus": [a10(0, U0), a10(1, U1)], "driverVersion": "fake", "cudaVersion": "fake",
+             "summary": "2x NVIDIA-A10 (48Gi)"},
         )
         async with running_operator(cluster):
             await cluster.submit(gputask("train", gpuMemory="12Gi"))

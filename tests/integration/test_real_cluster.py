@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+import crdschema
 from gputask.config import Config
 from gputask.k8s import executor
-from gputask.k8s.client import EVENTS, GPUTASKS, JOBS, PODS, NotFound, Resource
-from harness import Cluster, eventually, gputask, running_operator
+from gputask.k8s.client import EVENTS, GPUTASKS, JOBS, NODES, PODS, NotFound, Resource
+from harness import REPO, Cluster, eventually, gputask, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
 RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas")
@@ -237,9 +238,11 @@ async def test_pods_that_cannot_be_created_are_evicted_with_the_jobs_failed_crea
 
         message = f"no pod of Job t-1 running 1s after admission: FailedCreate: {forbidden}"
         assert await eventually(evicted) == {"reason": "PodsNotStarting", "message": message, "reschedules": 1}
-        assert not await has_job(cluster, "t-1") or (await cluster.client.get(JOBS, "t-1", "default"))["metadata"].get(
-            "deletionTimestamp"
-        )
+
+        async def gone() -> bool:
+            return not await has_job(cluster, "t-1")
+
+        assert await eventually(gone)
         assert await eventually(lambda: has_job(cluster, "t-2"), timeout_s=20)
 
 
@@ -274,3 +277,88 @@ async def test_an_unschedulable_pod_is_evicted_with_the_schedulers_message(clust
             "available: 3 Insufficient cpu."
         )
         assert await eventually(failed) == ("Failed", f"{why}; rescheduled 0 times already")
+        assert (await cluster.task("t"))["status"].get("jobName") is None  # its evicted Job is no longer its Job
+
+
+PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False)
+
+
+async def test_a_missing_priority_class_keeps_the_task_pending_until_it_exists(cluster: Cluster) -> None:
+    """GitOps order: the class arrives after the task. Pending (PriorityClassNotFound, a Warning), then
+    admitted with the class's priority once it is created."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("t", gpuMemory="4Gi", priorityClassName="high"))
+        why = "priority class 'high' does not exist"
+        assert await eventually(lambda: reason_of(cluster, "t")) == ("Pending", "PriorityClassNotFound", why)
+        assert await eventually(lambda: cluster.events_for("t")) == [("Warning", "PriorityClassNotFound", why)]
+        await cluster.client.create(
+            PRIORITY_CLASSES,
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": "high"},
+                "value": 1000,
+            },
+        )
+        assert await eventually(lambda: has_job(cluster, "t-1"))
+        status = (await cluster.task("t"))["status"]
+        assert (status["phase"], status["priority"]) == ("Admitted", 1000)
+
+
+async def test_kubectl_get_shows_resolved_queue_and_memory_and_writes_name_their_manager(cluster: Cluster) -> None:
+    """The printer columns read what the operator writes: the queue of the queue-name label, the MiB a
+    fraction resolves to, the node; admittedAt is written; every operator write names gputask-operator."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        body = gputask("t", gpuFraction="0.5")
+        del body["spec"]["queueName"]
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "default"}
+        await cluster.submit(body)
+        assert await eventually(lambda: has_job(cluster, "t-1"))
+
+        async def admitted() -> dict[str, Any] | None:
+            task = await cluster.task("t")
+            return task if (task.get("status") or {}).get("phase") == "Admitted" else None
+
+        task = await eventually(admitted)
+    (version,) = crdschema.load_crds(REPO / "crds")["GPUTask"]["spec"]["versions"]
+    shown = crdschema.column_values(version["additionalPrinterColumns"], task)
+    assert {k: v for k, v in shown.items() if k != "Age"} == {
+        "Queue": "default",
+        "Priority": 0,
+        "Phase": "Admitted",
+        "Node": "node-a",
+        "GPUs": 1,
+        "Memory": "12Gi",
+        "Reason": "Admitted",
+    }
+    assert task["status"]["admittedAt"].endswith("Z")
+    managers = {a.manager for a in cluster.server.emulator.answers if "/gputasks" in a.path or "/jobs" in a.path}
+    assert managers == {"test", "gputask-operator"}
+
+
+async def test_wait_reasons_say_what_is_true(cluster: Cluster) -> None:
+    """A queue that exists but is invalid is QueueInactive (not QueueNotFound); a cordoned node is named as
+    such, not as a node without free GPUs."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue(
+        "broken", resources=[{"name": "nvidia.com/gpu", "nominalQuota": "1", "lendingLimit": "1500m"}]
+    )
+    await cluster.add_queue()
+    await cluster.client.patch(NODES, "node-a", {"spec": {"unschedulable": True}})
+    async with running_operator(cluster):
+        await cluster.submit(gputask("in-broken", gpuMemory="4Gi", queueName="broken"))
+        await cluster.submit(gputask("on-cordoned", gpuMemory="4Gi"))
+        inactive = (
+            "GPUClusterQueue 'broken' is inactive: resources[nvidia.com/gpu].lendingLimit '1500m' is more than "
+            "nominalQuota '1': a queue can lend only what it has (position 0 in GPUClusterQueue 'broken')"
+        )
+        cordoned = (
+            "no schedulable node has 1 GPU(s) 4096 MiB free each; 1 of 1 node(s) take no new work (1 cordoned) "
+            "(position 0 in GPUClusterQueue 'default')"
+        )
+        assert await eventually(lambda: reason_of(cluster, "in-broken")) == ("Pending", "QueueInactive", inactive)
+        assert await eventually(lambda: reason_of(cluster, "on-cordoned")) == ("Pending", "NoFit", cordoned)

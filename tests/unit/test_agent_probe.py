@@ -418,6 +418,7 @@ def test_capture_script_writes_the_reading_as_json(monkeypatch: pytest.MonkeyPat
             "gpus": [a10 | {"healthy": True, "reason": ""}, a100 | {"healthy": True, "reason": ""}],
             "driverVersion": "550.54.15",
             "cudaVersion": "12.4",
+            "summary": "1x NVIDIA-A10 (24Gi), 1x NVIDIA-A100-SXM4-40GB (40Gi)",
         },
     )
 

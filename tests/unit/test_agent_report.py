@@ -14,7 +14,7 @@ import pytest
 
 import crdschema
 from gputask.agent import FakeProbe, GpuReading, NodeReading, ProbeError, fake_uuid
-from gputask.agent.report import MIG_REASON, Reporter, device_view, gpunode_status
+from gputask.agent.report import MIG_REASON, Reporter, device_view, gpu_summary, gpunode_status
 from gputask.k8s.client import AlreadyExists, ApiError, NotFound, Resource
 from gputask.k8s.convert import node_from_gpunode, reported_used_mib
 
@@ -110,8 +110,9 @@ def gpu(index: int, uuid: str, used: str = "0Mi", healthy: bool = True, reason: 
 
 
 def status(*gpus: dict[str, Any], at: str = "2026-11-29T12:00:00Z") -> dict[str, Any]:
-    """A whole GPUNode status from the fake probe."""
-    return {"gpus": list(gpus), "driverVersion": "fake", "cudaVersion": "fake", "heartbeatTime": at}
+    """A whole GPUNode status from the fake probe (its GPUs are all 24Gi A10s)."""
+    summary = f"{len(gpus)}x NVIDIA-A10 ({24 * len(gpus)}Gi)"
+    return {"gpus": list(gpus), "driverVersion": "fake", "cudaVersion": "fake", "heartbeatTime": at, "summary": summary}
 
 
 OWNER = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE_UID}
@@ -370,6 +371,7 @@ async def test_malformed_readings_never_crash_the_reporter() -> None:
             "driverVersion": "",
             "cudaVersion": "12",
             "heartbeatTime": "2026-11-29T12:00:00Z",
+            "summary": "1x NVIDIA-A10 (24Gi)",
         },
     )
 
@@ -447,3 +449,17 @@ def test_a_reading_captured_on_a_real_h200_publishes_a_valid_gpunode_the_operato
     assert (status, errors, rejected) == (captured["gpunodeStatus"], [], [])
     assert [(g.index, g.uuid, g.product, g.memory_mib) for g in node.gpus] == [(0, uuid, "NVIDIA-H200", 143155)]
     assert reported_used_mib(status) == {0: 0}
+
+
+def test_the_summary_counts_gpus_per_product_with_their_memory_in_all() -> None:
+    """kubectl's GPUs column: one part per product, sorted; memory in GiB, one decimal when not whole."""
+    gpus = (
+        GpuReading(0, "GPU-0", "NVIDIA-T4", 16384, 0),
+        GpuReading(1, "GPU-1", "NVIDIA-A10", 24576, 0),
+        GpuReading(2, "GPU-2", "NVIDIA-T4", 15360, 0),
+        GpuReading(3, "GPU-3", "NVIDIA-H200", 143155, 0),
+    )
+    assert (gpu_summary(NodeReading("", "", gpus)), gpu_summary(NodeReading("", "", ()))) == (
+        "1x NVIDIA-A10 (24Gi), 1x NVIDIA-H200 (139.8Gi), 2x NVIDIA-T4 (31Gi)",
+        "no GPUs",
+    )

@@ -253,7 +253,7 @@ def test_a_gpunode_status_becomes_the_exact_node_with_gpus_in_index_order() -> N
             {"index": 0, "uuid": "GPU-a", "product": "NVIDIA-A10", "memory": 24 * 10**9},
         ]
     }
-    assert node_from_gpunode("node-a", status, schedulable=False) == (
+    assert node_from_gpunode("node-a", status, unschedulable="cordoned") == (
         Node(
             NodeName("node-a"),
             (
@@ -261,6 +261,7 @@ def test_a_gpunode_status_becomes_the_exact_node_with_gpus_in_index_order() -> N
                 Gpu(1, "GPU-b", "NVIDIA-A100-SXM4-80GB", 81920, healthy=False),
             ),
             schedulable=False,
+            unschedulable_reason="cordoned",
         ),
         [],
     )

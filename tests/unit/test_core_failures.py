@@ -76,7 +76,11 @@ def test_deleted_node_and_out_of_service_fail_at_once() -> None:
     ]
     assert second == [
         Evict(t, placed("b", (0, 8 * GIB)), "NodeFailure", "node b failed: tainted node.kubernetes.io/out-of-service"),
-        Pending(t, "NoFit", "no node has 1 GPU(s) 8192 MiB free each"),
+        Pending(
+            t,
+            "NoFit",
+            "no schedulable node has 1 GPU(s) 8192 MiB free each; 1 of 1 node(s) take no new work (1 NotReady)",
+        ),
     ]
 
 

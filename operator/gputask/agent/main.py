@@ -72,7 +72,8 @@ def cli_agent(
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        client = KubeClient(load_api_client(kubeconfig))
+        client = KubeClient(load_api_client(kubeconfig, user_agent="gputask-agent", pool_size=2), workers=2,
+                            field_manager="gputask-agent")
     except Exception as exc:  # kubernetes raises ConfigException or OSError for a bad kubeconfig
         probe.close()
         print(f"gputask agent: cannot load the Kubernetes configuration: {exc}", file=sys.stderr)

@@ -100,7 +100,22 @@ def gpunode_status(view: NodeReading, heartbeat: dt.datetime) -> dict[str, Any]:
         "driverVersion": view.driver_version,
         "cudaVersion": view.cuda_version,
         "heartbeatTime": rfc3339(heartbeat),
+        "summary": gpu_summary(view),
     }
+
+
+def gpu_summary(view: NodeReading) -> str:
+    """``2x NVIDIA-A10 (48Gi)``: GPUs per product with their memory in all, for ``kubectl get gpunodes``
+    (an API server prints only the first match of a ``[*]`` column path, so the list cannot be printed)."""
+    by_product: dict[str, list[int]] = {}
+    for gpu in view.gpus:
+        by_product.setdefault(gpu.product or "unknown", []).append(gpu.memory_total_mib)
+    parts = [f"{len(mibs)}x {product} ({_mib_text(sum(mibs))})" for product, mibs in sorted(by_product.items())]
+    return ", ".join(parts) or "no GPUs"
+
+
+def _mib_text(mib: int) -> str:
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib / 1024:.1f}Gi"
 
 
 def rfc3339(moment: dt.datetime) -> str:

@@ -15,6 +15,8 @@ from gputask.core.cluster import ClusterState
 from gputask.core.failures import GPU_FAILURE, NODE_FAILURE, FailureNotice, FailureTracker, tasks_on_bad_gpus
 from gputask.core.model import Node, NodeName, Placement, TaskKey
 
+NOT_READY = "NotReady"
+
 
 class NodeHealth:
     """Readiness per node, failure notices and failure counts; the writer of the cluster's nodes.
@@ -37,7 +39,7 @@ class NodeHealth:
         A node reported NotReady stays unschedulable whatever ``node`` says. Returns the keys noticed.
         """
         if self.is_down(node.name) and node.schedulable:
-            node = replace(node, schedulable=False)
+            node = replace(node, schedulable=False, unschedulable_reason=NOT_READY)
         self.largest_gpu_mib = max([self.largest_gpu_mib, *(g.memory_mib for g in node.gpus)])
         self.cluster.set_node(node)
         lost = tasks_on_bad_gpus(self.cluster.node(node.name))
@@ -51,7 +53,8 @@ class NodeHealth:
         else:
             self.failures.node_down(name, now)
         if self.cluster.has_node(name):
-            self.set_node(replace(self.cluster.node(name).node, schedulable=ready))
+            why = "" if ready else NOT_READY
+            self.set_node(replace(self.cluster.node(name).node, schedulable=ready, unschedulable_reason=why))
 
     def node_failed(self, name: NodeName, why: str) -> list[TaskKey]:
         """Fail a node at once (out-of-service taint): notice its tasks (NodeFailure)."""

@@ -48,7 +48,8 @@ class Node:
     ``cpu_milli`` and ``memory_mib`` are allocatable host resources; ``None`` means
     "not tracked" (the operator leaves CPU/memory to kube-scheduler; the trace replay
     tracks them as the FGD protocol does). ``schedulable`` is False for a node that is
-    NotReady, cordoned for failure, or whose GPUNode heartbeat is stale.
+    NotReady, cordoned, or whose GPUNode heartbeat is stale; ``unschedulable_reason`` then says
+    which, for the wait messages (it never changes where anything is placed).
     """
 
     name: NodeName
@@ -57,6 +58,7 @@ class Node:
     memory_mib: int | None = None
     labels: tuple[tuple[str, str], ...] = ()
     schedulable: bool = True
+    unschedulable_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

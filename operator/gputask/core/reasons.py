@@ -6,6 +6,7 @@ which quota, how many GPUs with how much free memory, which product, which queue
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from gputask.core.cluster import ClusterState, NodeState
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from gputask.core.scheduler import Scheduler
 
 QUEUE_NOT_FOUND = "QueueNotFound"
+QUEUE_INACTIVE = "QueueInactive"
 QUEUE_HELD = "QueueHeld"
 NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
 QUOTA_EXCEEDED = "QuotaExceeded"
@@ -94,7 +96,12 @@ def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterSta
     need = need_text(task)
     if not any(could_ever_fit(s, task) for s in cluster.sorted_nodes()):
         return INADMISSIBLE, f"no node has {req.count} GPU(s) that could ever be {need}"
-    return NO_FIT, f"no node has {req.count} GPU(s) {need} each"
+    down = Counter(s.node.unschedulable_reason or "unschedulable" for s in cluster if not s.node.schedulable)
+    if not down:
+        return NO_FIT, f"no node has {req.count} GPU(s) {need} each"
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(down.items()))
+    return NO_FIT, f"no schedulable node has {req.count} GPU(s) {need} each; {sum(down.values())} of " \
+        f"{len(cluster)} node(s) take no new work ({why})"
 
 
 def could_ever_fit(state: NodeState, task: Task) -> bool:

@@ -34,6 +34,7 @@ from gputask.core.reasons import (
     INADMISSIBLE,
     PREEMPTING,
     QUEUE_HELD,
+    QUEUE_INACTIVE,
     QUEUE_NOT_FOUND,
     WAITING_FOR_HEAD,
     explain,
@@ -125,6 +126,7 @@ class Scheduler:
         self.reasons: dict[TaskKey, tuple[str, str, int]] = {}
         self.deferred: dict[TaskKey, tuple[float, str, str]] = {}  # backoff: until (s), reason, message
         self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
+        self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         for node in nodes:
             self.set_node(node)
@@ -143,10 +145,16 @@ class Scheduler:
     def set_queue(self, spec: QueueSpec) -> None:
         """Add or update a GPUClusterQueue."""
         self.quotas.set_queue(spec)
+        self.inactive.pop(spec.name, None)
 
-    def remove_queue(self, name: str) -> None:
-        """Remove a queue; its pending tasks wait with reason QueueNotFound."""
+    def remove_queue(self, name: str, *, invalid: str | None = None) -> None:
+        """Remove a queue; its pending tasks wait with reason QueueNotFound, or QueueInactive
+        when the queue exists but its spec is ``invalid`` (the message says why)."""
         self.quotas.remove_queue(name)
+        if invalid is None:
+            self.inactive.pop(name, None)
+        else:
+            self.inactive[name] = invalid
 
     def set_node(self, node: Node) -> list[TaskKey]:
         """Add or update a node; tasks on GPUs now unhealthy or gone are queued for GPUFailure.
@@ -408,6 +416,9 @@ class Scheduler:
 
     def _queue_gate(self, task: Task, memo: _CycleMemo) -> Pending | None:
         spec = self.quotas.specs.get(task.queue)
+        if spec is None and task.queue in self.inactive:
+            why = self.inactive[task.queue]
+            return Pending(task, QUEUE_INACTIVE, f"GPUClusterQueue {task.queue!r} is inactive: {why}")
         if spec is None:
             return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r} does not exist")
         if spec.stop_policy != "None":

@@ -50,9 +50,12 @@ def quantity(value: Any, *, field: str) -> Decimal:
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):
         raise ValueError(f"{field}: {value!r} is not a quantity")
     try:
-        return Decimal(parse_quantity(value))
+        amount = Decimal(parse_quantity(value))
     except (ValueError, TypeError, InvalidOperation) as exc:
         raise ValueError(f"{field}: {value!r} is not a quantity ({exc})") from None
+    if not amount.is_finite():  # a JSON number NaN or Infinity is no quantity
+        raise ValueError(f"{field}: {value!r} is not a quantity")
+    return amount
 
 
 def to_mib(value: Any, *, field: str) -> int:
@@ -249,9 +252,13 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
             for key in ("nominalQuota", "borrowingLimit", "lendingLimit")
             if entry.get(key) is not None
         }
-        quotas[rname] = ResourceQuota(
-            limits.get("nominalQuota", 0), limits.get("borrowingLimit"), limits.get("lendingLimit")
-        )
+        nominal, lending = limits.get("nominalQuota", 0), limits.get("lendingLimit")
+        if lending is not None and lending > nominal:
+            raise InvalidQueueError(
+                f"resources[{rname}].lendingLimit {entry['lendingLimit']!r} is more than nominalQuota "
+                f"{entry.get('nominalQuota')!r}: a queue can lend only what it has"
+            )
+        quotas[rname] = ResourceQuota(nominal, limits.get("borrowingLimit"), lending)
     pre = _section(spec, "preemption")
     borrow = _section(pre, "borrowWithinCohort", "preemption.")
     within = _choice(pre, "withinClusterQueue", ("Never", "LowerPriority", "LowerOrNewerEqualPriority"), "preemption.")
@@ -289,7 +296,7 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
 
 
 def node_from_gpunode(
-    name: str, status: Mapping[str, Any] | None, *, schedulable: bool = True
+    name: str, status: Mapping[str, Any] | None, *, unschedulable: str = ""
 ) -> tuple[Node, list[str]]:
     """Core Node of a GPUNode's status, and one error line per rejected GPU entry.
 
@@ -303,10 +310,10 @@ def node_from_gpunode(
     errors: list[str] = []
     seen: set[int] = set()
     if status is not None and not isinstance(status, Mapping):
-        return Node(NodeName(name), (), schedulable=schedulable), [f"status must be an object, got {status!r}"]
+        return _node(name, (), unschedulable), [f"status must be an object, got {status!r}"]
     entries = (status or {}).get("gpus") or []
     if not isinstance(entries, list):
-        return Node(NodeName(name), (), schedulable=schedulable), [f"status.gpus must be a list, got {entries!r}"]
+        return _node(name, (), unschedulable), [f"status.gpus must be a list, got {entries!r}"]
     for i, raw in enumerate(entries):
         try:
             gpu = _gpu(raw)
@@ -322,7 +329,11 @@ def node_from_gpunode(
         seen.add(gpu.index)
         gpus.append(gpu)
     gpus.sort(key=lambda g: g.index)
-    return Node(NodeName(name), tuple(gpus), schedulable=schedulable), errors
+    return _node(name, tuple(gpus), unschedulable), errors
+
+
+def _node(name: str, gpus: tuple[Gpu, ...], unschedulable: str) -> Node:
+    return Node(NodeName(name), gpus, schedulable=not unschedulable, unschedulable_reason=unschedulable)
 
 
 def _gpu(raw: Any) -> Gpu:

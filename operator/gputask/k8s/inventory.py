@@ -115,7 +115,8 @@ class Inventory:
         stale = bool(heartbeat) and now - heartbeat > self.config.heartbeat_stale_after_s
         self.stale.discard(name) if not stale else self.stale.add(name)
         cordoned = bool(((self.nodes.get(name) or {}).get("spec") or {}).get("unschedulable"))
-        node, errors = convert.node_from_gpunode(name, status, schedulable=not (stale or cordoned))
+        why = "cordoned" if cordoned else "GPUNode heartbeat stale" if stale else ""
+        node, errors = convert.node_from_gpunode(name, status, unschedulable=why)
         node = self._with_foreign_use(node, convert.reported_used_mib(status))
         if errors != self.gpunode_errors.get(name, []):
             for line in errors:
@@ -169,7 +170,7 @@ class Inventory:
             spec = convert.queue_from_manifest(name, obj.get("spec"))
         except (InvalidQueueError, ValueError) as exc:
             self.queue_errors[name] = str(exc)
-            self.scheduler.remove_queue(name)
+            self.scheduler.remove_queue(name, invalid=str(exc))
             return
         self.queue_errors.pop(name, None)
         self.scheduler.set_queue(spec)

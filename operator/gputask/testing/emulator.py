@@ -57,11 +57,12 @@ ANSWERS = 10_000  # writes kept in GpuTaskEmulator.answers
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Answer:
-    """One write request as answered: method, path, HTTP status."""
+    """One write request as answered: method, path, HTTP status, the ``fieldManager`` it named."""
 
     method: str
     path: str
     status: int
+    manager: str | None = None
 
 
 @attrs.define(kw_only=True)
@@ -116,7 +117,8 @@ class GpuTaskEmulator(KubernetesEmulator):
         """Serve one HTTP request and log its answer in :attr:`answers` (writes only)."""
         response = await self._serve_one(raw_request)
         if raw_request.method not in ("GET", "HEAD"):
-            self.answers.append(Answer(raw_request.method, raw_request.path, response.status))
+            manager = raw_request.query.get("fieldManager")
+            self.answers.append(Answer(raw_request.method, raw_request.path, response.status, manager))
         return response
 
     async def _serve_one(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
