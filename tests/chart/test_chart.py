@@ -25,6 +25,7 @@ ROOT = helmtool.ROOT
 CHART = helmtool.CHART
 CI_VALUES = sorted(path.name for path in (CHART / "ci").glob("*-values.yaml"))
 KUBE_VERSION = helmtool.KUBE_VERSION
+SUPPORTED = [f"1.{minor}.0" for minor in range(26, 35)]  # the Kubernetes versions README.md claims
 CHART_CRDS = crdschema.load_crds(CHART / "crds")
 # prometheus-operator's CRD is not available offline; its one object is compared whole in a test instead.
 UNVALIDATED_KINDS = {"ServiceMonitor"}
@@ -178,17 +179,18 @@ def test_each_ci_configuration_renders_the_expected_objects(rendered: dict[str, 
     }
 
 
-def test_rendered_objects_are_valid_kubernetes_1_30_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    """Every built-in object (CRDs included) validates strictly against Kubernetes 1.30's schemas."""
+def test_rendered_objects_are_valid_on_every_supported_kubernetes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Every built-in object (CRDs included) validates strictly against the schemas of Kubernetes 1.26 to 1.34."""
     errors = []
-    for name, objects in rendered.items():
-        for obj in objects:
-            where = f"{name}: {obj['kind']} {obj['metadata']['name']}"
-            if obj["kind"] not in UNVALIDATED_KINDS:
-                try:
-                    kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-                except kubernetes_validate.ValidationError as exc:
-                    errors.append(f"{where}: {exc.message} at {list(exc.absolute_path)}")
+    for version in SUPPORTED:
+        for name, objects in rendered.items():
+            for obj in objects:
+                where = f"{version} {name}: {obj['kind']} {obj['metadata']['name']}"
+                if obj["kind"] not in UNVALIDATED_KINDS:
+                    try:
+                        kubernetes_validate.validate(obj, version, strict=True)
+                    except kubernetes_validate.ValidationError as exc:
+                        errors.append(f"{where}: {exc.message} at {list(exc.absolute_path)}")
     assert errors == []
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import kubernetes_validate
+
 from gputask.core import GpuSlot, NodeName, Placement
 from gputask.k8s.jobs import build_job, fit_name, job_name, parse_placement, placement_annotation
 
@@ -153,3 +155,15 @@ def test_the_hostname_requirement_joins_every_node_selector_term_of_the_users_af
         },
         "podAntiAffinity": {"x": 1},
     }
+
+
+def test_the_emitted_job_is_a_valid_job_on_every_supported_kubernetes() -> None:
+    """The pinned Job validates strictly against the batch/v1 schemas of Kubernetes 1.26 to 1.34."""
+    job = build_job(TASK, PLACEMENT, attempt=1, queue="default")
+    errors = []
+    for minor in range(26, 35):
+        try:
+            kubernetes_validate.validate(job, f"1.{minor}.0", strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"1.{minor}: {exc.message}")
+    assert errors == []
