@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputask.core import InvalidQueueError, InvalidTaskError
-from gputask.k8s.convert import node_from_gpunode, queue_from_manifest, task_from_manifest
+from gputask.manifests.convert import node_from_gpunode, queue_from_manifest, task_from_manifest
 from gputask.sim.scenario import run_scenario
 from gputask.sim.scenario_model import ScenarioError, load_scenario
 

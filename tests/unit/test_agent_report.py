@@ -16,7 +16,7 @@ import crdschema
 from gputask.agent import FakeProbe, GpuReading, NodeReading, ProbeError, fake_uuid
 from gputask.agent.report import MIG_REASON, Reporter, device_view, gpu_summary, gpunode_status
 from gputask.k8s.client import AlreadyExists, ApiError, NotFound, Resource
-from gputask.k8s.convert import node_from_gpunode, reported_used_mib
+from gputask.manifests.convert import node_from_gpunode, reported_used_mib
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-node-1"

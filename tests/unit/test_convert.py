@@ -24,7 +24,7 @@ from gputask.core import (
     Task,
     TaskKey,
 )
-from gputask.k8s.convert import gpu_request, node_from_gpunode, queue_from_manifest, task_from_manifest
+from gputask.manifests.convert import gpu_request, node_from_gpunode, queue_from_manifest, task_from_manifest
 
 PRIORITIES = {"high": 1000, "low": -5}
 

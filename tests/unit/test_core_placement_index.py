@@ -31,6 +31,7 @@ from gputask.core.placement import (
     BestFit,
     FirstFit,
     Policy,
+    PolicyBase,
     QuotaCheck,
     RandomFit,
     candidate_rows,
@@ -86,7 +87,7 @@ def plain_search(cluster: ClusterState, t: Task, policy: Policy, quota: QuotaChe
         score = policy.score(state, t, picked)
         if best is None or (score, state.name) < best[:2]:
             best = (score, state.name, Placement(state.name, slots_for(state, t, picked)))
-            if getattr(policy, "stop_at_first", False):
+            if policy.stop_at_first:
                 break
     products = t.request.products
     seen = not products or any(g.product in products for s in cluster for g in s.node.gpus)
@@ -143,7 +144,7 @@ def test_identical_nodes_share_a_group_until_one_changes() -> None:
     assert (before[0] == before[1] != before[2], during[0] != during[1], index.group == before) == (True, True, True)
 
 
-class CpuTarget:
+class CpuTarget(PolicyBase):
     """A test policy whose score depends on the task's CPU: closest free CPU to twice the request."""
 
     name = "cputarget"

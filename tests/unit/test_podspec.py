@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gputask.core import GpuSlot, NodeName, Placement
 from gputask.k8s.jobs import build_job
-from gputask.k8s.podspec import template_problems
+from gputask.manifests.podspec import template_problems
 
 MAIN = {"name": "main", "image": "busybox:1.36"}
 

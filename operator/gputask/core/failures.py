@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from gputask.core.cluster import NodeState
 from gputask.core.model import NodeName, Placement, TaskKey
+from gputask.core.reasons import Reason
 
-NODE_FAILURE = "NodeFailure"
-GPU_FAILURE = "GPUFailure"
-MAX_RESCHEDULES_EXCEEDED = "MaxReschedulesExceeded"
+NODE_FAILURE, GPU_FAILURE = Reason.NODE_FAILURE, Reason.GPU_FAILURE
+MAX_RESCHEDULES_EXCEEDED = Reason.MAX_RESCHEDULES_EXCEEDED
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,11 +25,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import ge
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
 from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, Task
 from gputask.core.search import Evaluation, board_for, refuser
+
+if TYPE_CHECKING:
+    from gputask.core.policies.workload import TaskShape
 
 QuotaCheck = Callable[[NodeState, Placement], "str | None"]
 """Returns None when a candidate placement fits quota, else the name of the resource that binds.
@@ -96,22 +99,32 @@ def tightest(state: NodeState, task: Task, feasible: Sequence[int]) -> tuple[int
 class Policy(Protocol):
     """A placement policy: chooses GPUs on one node and scores the choice (lower is better).
 
-    Optional attributes that :func:`find_placement` reads when present:
-    - ``stop_at_first: bool``: take the first fitting node visited, score nothing more;
-    - ``scores_by_state: bool``: ``choose`` and ``score`` depend only on the node's state and
-      the task's request, CPU and memory, never on the node's name, GPU uuids, other task
-      fields or earlier calls; their results are then remembered per group of identical
-      node states and task shape;
-    - ``node_order(count) -> Iterable[int]``: the order in which to visit the ``count``
-      candidate nodes (positions in name order); default: name order.
+    The hooks :func:`find_placement` and the trace replay call (:class:`PolicyBase` gives each a
+    default, so a policy states only what it changes):
+    - ``stop_at_first``: take the first fitting node visited, score nothing more;
+    - ``scores_by_state``: ``choose`` and ``score`` depend only on the node's state and the
+      task's request, CPU and memory, never on the node's name, GPU uuids, other task fields or
+      earlier calls; their results are then remembered per group of identical node states and
+      task shape;
+    - ``node_order(count)``: the order in which to visit the ``count`` candidate nodes
+      (positions in name order); None = name order;
     - ``prepare(cluster, task)``: called once per search, before any ``choose``/``score``: the
       policy may update what its scores depend on besides the node (a target workload learnt
       from the tasks it sees, the cluster's GPU capacity by product);
-    - ``generation: int``: changes whenever the meaning of ``score`` changed (after
-      ``prepare``); remembered evaluations of a ``scores_by_state`` policy are then dropped.
+    - ``generation``: changes whenever the meaning of ``score`` changed (after ``prepare``);
+      remembered evaluations of a ``scores_by_state`` policy are then dropped;
+    - ``reseed(seed)``: start a policy that draws random numbers over from ``seed``;
+    - ``set_workload(shapes)``: the target workload a fragmentation policy packs for (trace replay).
     """
 
     name: str
+    stop_at_first: bool
+    scores_by_state: bool
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever what ``score`` means changed."""
+        ...
 
     def choose(self, state: NodeState, task: Task, feasible: Sequence[int]) -> tuple[int, ...]:
         """Pick ``task.request.count`` positions out of ``feasible``."""
@@ -121,9 +134,50 @@ class Policy(Protocol):
         """Score placing ``task`` on ``picked`` of ``state``; lower is better."""
         ...
 
+    def node_order(self, count: int) -> Iterable[int] | None:
+        """The visiting order of ``count`` candidate nodes, or None for name order."""
+        ...
+
+    def prepare(self, cluster: ClusterState, task: Task) -> None:
+        """Called once per search, before any choose or score."""
+        ...
+
+    def reseed(self, seed: int) -> None:
+        """Start the random draws over from ``seed`` (deterministic policies ignore it)."""
+        ...
+
+    def set_workload(self, shapes: Iterable[TaskShape]) -> None:
+        """Fix the target workload (policies without one ignore it)."""
+        ...
+
+
+class PolicyBase:
+    """The defaults of every :class:`Policy` hook: name order, no preparation, nothing random."""
+
+    stop_at_first: bool = False
+    scores_by_state: bool = False
+
+    @property
+    def generation(self) -> int:
+        """Never changes: scores mean the same thing for the policy's life."""
+        return 0
+
+    def node_order(self, count: int) -> Iterable[int] | None:
+        """Name order."""
+        return None
+
+    def prepare(self, cluster: ClusterState, task: Task) -> None:
+        """Nothing to prepare."""
+
+    def reseed(self, seed: int) -> None:
+        """Nothing random to re-seed."""
+
+    def set_workload(self, shapes: Iterable[TaskShape]) -> None:
+        """No target workload to set."""
+
 
 @dataclass
-class BestFit:
+class BestFit(PolicyBase):
     """Best fit: the node left with the least free GPU capacity (milli-GPU), tightest GPUs.
 
     The classic bin-packing heuristic (Johnson 1974); FGD's baseline "05-BestFit".
@@ -142,7 +196,7 @@ class BestFit:
 
 
 @dataclass
-class FirstFit:
+class FirstFit(PolicyBase):
     """First fit: the first feasible node in name order, lowest-index feasible GPUs."""
 
     name: str = "firstfit"
@@ -159,7 +213,7 @@ class FirstFit:
 
 
 @dataclass
-class RandomFit:
+class RandomFit(PolicyBase):
     """Random: a uniformly random feasible node (FGD's "01-Random"), seeded for repeatability.
 
     It visits the candidate nodes in a random order (a lazy Fisher-Yates shuffle) and takes
@@ -180,7 +234,7 @@ class RandomFit:
         self.seed = seed
         self._rng = random.Random(seed)
 
-    def node_order(self, count: int) -> Iterator[int]:
+    def node_order(self, count: int) -> Iterator[int]:  # a visiting order always, never None
         """Positions 0..count-1 in a uniformly random order, drawn as they are consumed."""
         order = list(range(count))
         for i in range(count):
@@ -226,9 +280,8 @@ def make_policy(name: str, *, seed: int | None = None) -> Policy:
         policy = POLICIES[name]()
     except KeyError:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    reseed = getattr(policy, "reseed", None)
-    if seed is not None and reseed is not None:
-        reseed(seed)
+    if seed is not None:
+        policy.reseed(seed)
     return policy
 
 
@@ -290,22 +343,21 @@ def find_placement(
     """
     req = task.request
     search = _Search()
-    prepare = getattr(policy, "prepare", None)
-    if prepare is not None:
-        prepare(cluster, task)
-    order = getattr(policy, "node_order", None)
+    policy.prepare(cluster, task)
     if nodes is None:
         index = cluster.index()
-        by_board = order is None and getattr(policy, "scores_by_state", False)
+        by_board = policy.scores_by_state and policy.node_order(0) is None  # (a lazy order draws nothing)
         rows = [] if by_board else candidate_rows(index, task)
-        visits = range(len(rows)) if order is None else order(len(rows))
+        order = policy.node_order(len(rows))
+        visits = range(len(rows)) if order is None else order
         if by_board:
             _search_board(search, index, task, policy, quota)
         else:
             _search(search, index.states, rows, visits, task, policy, quota)
         product_seen = not req.products or index.has_product(req.products)
     else:
-        visits = range(len(nodes)) if order is None else order(len(nodes))
+        order = policy.node_order(len(nodes))
+        visits = range(len(nodes)) if order is None else order
         _search(search, nodes, range(len(nodes)), visits, task, policy, quota)
         product_seen = not req.products or any(req.allows(g.product) for s in nodes for g in s.node.gpus)
     if search.best is not None:
@@ -344,7 +396,7 @@ def _consider(
         score = policy.score(state, task, picked)
     if search.best is None or (score, state.name) < search.best[:2]:
         search.best = (score, state.name, state, picked)
-        return bool(getattr(policy, "stop_at_first", False))
+        return policy.stop_at_first
     return False
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gputask.core.model import MILLI_PER_GPU, Placement
 
@@ -74,13 +75,20 @@ class LabelSelector:
         )
 
 
+WithinClusterQueue = Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"]
+ReclaimWithinCohort = Literal["Never", "LowerPriority", "Any"]
+BorrowWithinCohort = Literal["Never", "LowerPriority"]
+QueueingStrategy = Literal["BestEffortFIFO", "StrictFIFO"]
+StopPolicy = Literal["None", "Hold", "HoldAndDrain"]
+
+
 @dataclass(frozen=True, slots=True)
 class Preemption:
     """ClusterQueue preemption policy (Kueue names and defaults)."""
 
-    within_cluster_queue: str = "Never"
-    reclaim_within_cohort: str = "Never"
-    borrow_within_cohort: str = "Never"
+    within_cluster_queue: WithinClusterQueue = "Never"
+    reclaim_within_cohort: ReclaimWithinCohort = "Never"
+    borrow_within_cohort: BorrowWithinCohort = "Never"
     max_priority_threshold: int | None = None
 
 
@@ -91,11 +99,11 @@ class QueueSpec:
     name: str
     cohort: str | None = None
     namespace_selector: LabelSelector = field(default_factory=LabelSelector)
-    strategy: str = "BestEffortFIFO"
+    strategy: QueueingStrategy = "BestEffortFIFO"
     quotas: Mapping[str, ResourceQuota] = field(default_factory=dict)
     preemption: Preemption = field(default_factory=Preemption)
     fair_sharing_weight_milli: int | None = None
-    stop_policy: str = "None"
+    stop_policy: StopPolicy = "None"
 
 
 def usage_of(placement: Placement, memory_of: Mapping[int, int]) -> Usage:

@@ -7,7 +7,8 @@ which quota, how many GPUs with how much free memory, which product, which queue
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import TYPE_CHECKING, NamedTuple
 
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.model import MILLI_PER_GPU, Task
@@ -17,18 +18,43 @@ from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
 if TYPE_CHECKING:
     from gputask.core.scheduler import Scheduler
 
-QUEUE_NOT_FOUND = "QueueNotFound"
-QUEUE_INACTIVE = "QueueInactive"
-QUEUE_HELD = "QueueHeld"
-NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
-QUOTA_EXCEEDED = "QuotaExceeded"
-NO_FIT = "NoFit"
-PRODUCT_UNAVAILABLE = "ProductUnavailable"
-INADMISSIBLE = "Inadmissible"
-WAITING_FOR_HEAD = "StrictFIFOBlocked"
-PREEMPTING = "Preempting"
 
-Reason = tuple[str, str]
+
+class Reason(StrEnum):
+    """Condition reasons (CamelCase) of the core's decisions: why a task waits, was evicted or failed.
+
+    A member is its string (``Reason.NO_FIT == "NoFit"``), so statuses, Events, metrics and JSON
+    carry the plain name.
+    """
+
+    QUEUE_NOT_FOUND = "QueueNotFound"
+    QUEUE_INACTIVE = "QueueInactive"
+    QUEUE_HELD = "QueueHeld"
+    NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    NO_FIT = "NoFit"
+    PRODUCT_UNAVAILABLE = "ProductUnavailable"
+    INADMISSIBLE = "Inadmissible"
+    STRICT_FIFO_BLOCKED = "StrictFIFOBlocked"
+    PREEMPTING = "Preempting"
+    PREEMPTED = "Preempted"
+    QUEUE_DRAINED = "QueueDrained"
+    NODE_FAILURE = "NodeFailure"
+    GPU_FAILURE = "GPUFailure"
+    MAX_RESCHEDULES_EXCEEDED = "MaxReschedulesExceeded"
+
+
+class Wait(NamedTuple):
+    """Why a task waits: a reason and the message that names the binding constraint."""
+
+    reason: str
+    message: str
+
+
+QUEUE_NOT_FOUND, QUEUE_INACTIVE, QUEUE_HELD = Reason.QUEUE_NOT_FOUND, Reason.QUEUE_INACTIVE, Reason.QUEUE_HELD
+NAMESPACE_NOT_ALLOWED, QUOTA_EXCEEDED, NO_FIT = Reason.NAMESPACE_NOT_ALLOWED, Reason.QUOTA_EXCEEDED, Reason.NO_FIT
+PRODUCT_UNAVAILABLE, INADMISSIBLE, PREEMPTING = Reason.PRODUCT_UNAVAILABLE, Reason.INADMISSIBLE, Reason.PREEMPTING
+WAITING_FOR_HEAD = Reason.STRICT_FIFO_BLOCKED
 
 
 def _unit(resource: str) -> str:
@@ -45,11 +71,11 @@ def need_text(task: Task) -> str:
     return f"{(req.fraction_milli or 0) / 10:g}% free"
 
 
-def namespace_refusal(task: Task, spec: QueueSpec) -> Reason | None:
+def namespace_refusal(task: Task, spec: QueueSpec) -> Wait | None:
     """NamespaceNotAllowed when the queue's namespaceSelector does not select the task's namespace."""
     if spec.namespace_selector.matches(dict(task.namespace_labels)):
         return None
-    return NAMESPACE_NOT_ALLOWED, f"namespace {task.namespace!r} is not selected by GPUClusterQueue {spec.name!r}"
+    return Wait(NAMESPACE_NOT_ALLOWED, f"namespace {task.namespace!r} is not selected by GPUClusterQueue {spec.name!r}")
 
 
 def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
@@ -70,38 +96,43 @@ def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
     return {GPU: req.count * milli, GPU_MEMORY: req.count * req.memory_mib if req.memory_mib is not None else 0}
 
 
-def never_fits_queue(task: Task, quotas: QuotaBook) -> Reason | None:
+def never_fits_queue(task: Task, quotas: QuotaBook) -> Wait | None:
     """Inadmissible when the task is bigger than its queue could ever hold (nominal + borrowable)."""
     for resource, amount in min_usage(task).items():
         ceiling = quotas.ceiling(task.queue, resource)
         if ceiling is not None and amount > ceiling:
-            return INADMISSIBLE, (
+            return Wait(
+                INADMISSIBLE,
                 f"needs at least {amount} {_unit(resource)} of {resource}; GPUClusterQueue "
-                f"{task.queue!r} can never hold more than {ceiling}"
+                f"{task.queue!r} can never hold more than {ceiling}",
             )
     return None
 
 
-def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterState) -> Reason:
+def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterState) -> Wait:
     """The reason a task found no placement this cycle."""
     req = task.request
     if not outcome.product_seen:
-        return PRODUCT_UNAVAILABLE, f"no node has a GPU of product {sorted(req.products)}"
+        return Wait(PRODUCT_UNAVAILABLE, f"no node has a GPU of product {sorted(req.products)}")
     if outcome.quota_resource is not None:
         free = quotas.available(task.queue, outcome.quota_resource)
-        return QUOTA_EXCEEDED, (
+        return Wait(
+            QUOTA_EXCEEDED,
             f"quota of {outcome.quota_resource} in GPUClusterQueue {task.queue!r} has "
-            f"{free} {_unit(outcome.quota_resource)} left"
+            f"{free} {_unit(outcome.quota_resource)} left",
         )
     need = need_text(task)
     if not any(could_ever_fit(s, task) for s in cluster.sorted_nodes()):
-        return INADMISSIBLE, f"no node has {req.count} GPU(s) that could ever be {need}"
+        return Wait(INADMISSIBLE, f"no node has {req.count} GPU(s) that could ever be {need}")
     down = Counter(s.node.unschedulable_reason or "unschedulable" for s in cluster if not s.node.schedulable)
     if not down:
-        return NO_FIT, f"no node has {req.count} GPU(s) {need} each"
+        return Wait(NO_FIT, f"no node has {req.count} GPU(s) {need} each")
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(down.items()))
-    return NO_FIT, f"no schedulable node has {req.count} GPU(s) {need} each; {sum(down.values())} of " \
-        f"{len(cluster)} node(s) take no new work ({why})"
+    return Wait(
+        NO_FIT,
+        f"no schedulable node has {req.count} GPU(s) {need} each; {sum(down.values())} of "
+        f"{len(cluster)} node(s) take no new work ({why})",
+    )
 
 
 def could_ever_fit(state: NodeState, task: Task) -> bool:

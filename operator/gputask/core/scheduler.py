@@ -31,12 +31,13 @@ from gputask.core.preemption import Plan, Planner, any_preemption, borrows_with,
 from gputask.core.queues import QueueManager
 from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 from gputask.core.reasons import (
-    INADMISSIBLE,
     PREEMPTING,
     QUEUE_HELD,
     QUEUE_INACTIVE,
     QUEUE_NOT_FOUND,
     WAITING_FOR_HEAD,
+    Reason,
+    Wait,
     explain,
     min_usage,
     namespace_refusal,
@@ -103,7 +104,7 @@ only with a new reason (tens of thousands of pending tasks must not mean as many
 class _CycleMemo:
     """What failed earlier in this cycle; valid all cycle because capacity only shrinks."""
 
-    outcomes: dict[tuple[object, ...], tuple[str, str]] = field(default_factory=dict)
+    outcomes: dict[tuple[object, ...], Wait] = field(default_factory=dict)
     blocked_queues: set[str] = field(default_factory=set)
     preemption_failed: set[tuple[object, ...]] = field(default_factory=set)
 
@@ -371,9 +372,8 @@ class Scheduler:
             spec = self.quotas.specs.get(entry.task.queue)
             if entry.charged and spec is not None and spec.stop_policy == "HoldAndDrain":
                 self.requeue(key)
-                out.append(
-                    Evict(entry.task, entry.placement, "QueueDrained", f"GPUClusterQueue {spec.name!r} is draining")
-                )
+                why = f"GPUClusterQueue {spec.name!r} is draining"
+                out.append(Evict(entry.task, entry.placement, Reason.QUEUE_DRAINED, why))
         return out
 
     def _ordered(self) -> Iterable[Task]:
@@ -405,12 +405,12 @@ class Scheduler:
         # Tasks come in priority order, then creation order: if preemption failed for this shape
         # at this priority, it fails for every later task of the same shape and priority.
         attempt = (shape, task.priority)
-        if known[0] != INADMISSIBLE and any_preemption(spec) and attempt not in memo.preemption_failed:
+        if known.reason is not Reason.INADMISSIBLE and any_preemption(spec) and attempt not in memo.preemption_failed:
             preempted = self._preempt(task, self._quota_check(task), now)
             if preempted:
                 return preempted
             memo.preemption_failed.add(attempt)
-        if spec.strategy == "StrictFIFO" and known[0] != INADMISSIBLE:  # what can never fit blocks nobody
+        if spec.strategy == "StrictFIFO" and known.reason is not Reason.INADMISSIBLE:  # the never-fitting block nobody
             memo.blocked_queues.add(task.queue)
         return [Pending(task, *known)]
 
@@ -466,7 +466,7 @@ class Scheduler:
         for victim in plan.victims:
             self.requeue(victim.task.key)
             message = f"preempted by {task.key} (priority {task.priority}) in GPUClusterQueue {task.queue!r}"
-            decisions.append(Evict(victim.task, victim.placement, "Preempted", message, by=task.key))
+            decisions.append(Evict(victim.task, victim.placement, Reason.PREEMPTED, message, by=task.key))
         self._unqueue(task.key)
         self.ledger.nominate(task, plan.placement, [v.task.key for v in plan.victims], now)
         waiting = ", ".join(sorted(v.task.key for v in plan.victims))

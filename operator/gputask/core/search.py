@@ -18,9 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING
 
 from gputask.core.cluster import NodeIndex, NodeState, slots_for
 from gputask.core.model import Placement, Task
+
+if TYPE_CHECKING:
+    from gputask.core.placement import Policy
 
 Evaluation = tuple[tuple[int, ...], float] | None
 """One node state evaluated for one task shape: (picked GPU positions, score), or no fit."""
@@ -99,12 +103,12 @@ class Board:
         return found, fits, None if found is not None or refusal is None else refusal[1]
 
 
-def board_for(index: NodeIndex, policy: object, task: Task) -> tuple[Board, dict[int, Evaluation]]:
+def board_for(index: NodeIndex, policy: Policy, task: Task) -> tuple[Board, dict[int, Evaluation]]:
     """The board and the evaluations by group id of ``policy`` for ``task``'s shape.
 
     Both are forgotten when the policy's ``generation`` changes (its scores changed meaning).
     """
-    generation = getattr(policy, "generation", 0)
+    generation = policy.generation
     entry = index.memos.get(id(policy))
     if entry is None or entry[0] is not policy or entry[1] != generation:  # holding the policy keeps its id unique
         entry = index.memos[id(policy)] = (policy, generation, {})

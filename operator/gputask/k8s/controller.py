@@ -23,7 +23,6 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidTaskError, Placement, Scheduler, Task, TaskKey, make_policy, task_key
-from gputask.k8s import convert
 from gputask.k8s.foreign import ForeignPods
 from gputask.k8s.inventory import Inventory
 from gputask.k8s.jobs import ATTEMPT_ANNOTATION, PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, parse_placement
@@ -39,6 +38,7 @@ from gputask.k8s.tasks import (
     TaskRecord,
     status_behind,
 )
+from gputask.manifests import convert
 
 log = logging.getLogger("gputask.controller")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
-from gputask.k8s import convert
 from gputask.k8s.foreign import ForeignPods, occupied_gpus
+from gputask.manifests import convert
 
 log = logging.getLogger("gputask.inventory")
 

@@ -32,7 +32,6 @@ from typing import Any
 import yaml
 
 from gputask.core import InvalidQueueError, LabelRequirement, LabelSelector
-from gputask.k8s import convert
 from gputask.k8s.background import Background
 from gputask.k8s.client import CONFIGMAPS, LOCALQUEUES, ApiError, KubeApi
 from gputask.k8s.controller import Controller
@@ -40,6 +39,7 @@ from gputask.k8s.executor import Executor
 from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.kueue_admission import KueueAdmission
 from gputask.k8s.tasks import FINISHED_PHASES, TaskRecord
+from gputask.manifests import convert
 
 log = logging.getLogger("gputask.kueue")
 

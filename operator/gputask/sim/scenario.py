@@ -18,7 +18,7 @@ run: the first after a NotReady node's grace period, at down + grace + ``cycleIn
 
 What the events do (the operator's calls into the core):
 - ``submit``: the GPUTask is converted exactly as the operator does
-  (``k8s.convert.task_from_manifest``); an invalid spec is Rejected (phase Failed). It is
+  (``manifests.convert.task_from_manifest``); an invalid spec is Rejected (phase Failed). It is
   created at ``at`` unless ``metadata.creationTimestamp`` says otherwise. Its namespace
   carries the label ``kubernetes.io/metadata.name`` as every Kubernetes namespace does.
 - ``delete``: the task is gone (``Scheduler.finish``); a pending or running one ends in
@@ -72,7 +72,7 @@ from gputask.core import (
 )
 from gputask.core.failures import GPU_FAILURE, NODE_FAILURE
 from gputask.core.scheduler import Decision, Evict, Fail
-from gputask.k8s.convert import task_from_manifest
+from gputask.manifests.convert import task_from_manifest
 from gputask.sim.scenario_model import (
     Event,
     GpuRef,

@@ -3,7 +3,7 @@
 :func:`load_scenario` turns a YAML file or a dict into a validated :class:`Scenario`, or
 raises :class:`ScenarioError` with one line per problem, each naming where it is
 (``events[3].at: ...``). Only the *shape* of a submitted GPUTask's ``spec`` is left to the
-run: it goes through the operator's own conversion (``k8s.convert.task_from_manifest``), so
+run: it goes through the operator's own conversion (``manifests.convert.task_from_manifest``), so
 an invalid spec is a task Rejected at run time, exactly as the operator would treat it.
 
 Besides the shape, :func:`check_references` walks the events in run order and refuses
@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
-from gputask.k8s.convert import MIB, quantity, queue_from_manifest, to_mib
+from gputask.manifests.convert import MIB, quantity, queue_from_manifest, to_mib
 
 EVENT_KINDS = ("submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "restartOperator")
 
@@ -41,7 +41,7 @@ class GpuSpec(_Strict):
     """One GPU of a node; ``memory`` is a Kubernetes quantity (``24Gi``)."""
 
     product: str = Field("unknown", min_length=1)
-    memory: Any = Field(description="a quantity; checked by k8s.convert.to_mib when loading")
+    memory: Any = Field(description="a quantity; checked by manifests.convert.to_mib when loading")
 
 
 class NodeSpec(_Strict):
@@ -356,7 +356,7 @@ def core_queues(scenario: Scenario) -> list[QueueSpec]:
             specs.append(queue_from_manifest(entry.name, entry.spec))
         except InvalidQueueError as exc:
             raise ScenarioError(f"queues[{i}] ({entry.name}).spec: {exc}") from None
-        # k8s.convert lets other errors through on some malformed specs (e.g. `preemption: x`,
+        # manifests.convert lets other errors through on some malformed specs (e.g. `preemption: x`,
         # which the CRD schema would refuse first); here they are the user's input.
         except (ValueError, TypeError, AttributeError) as exc:
             message = f"not a valid GPUClusterQueue spec ({exc})"

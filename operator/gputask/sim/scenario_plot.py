@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gputask.core import Gpu
-from gputask.k8s.convert import gpu_request
+from gputask.manifests.convert import gpu_request
 from gputask.sim.scenario_model import Scenario, scenario_gpus
 
 Interval = tuple[float, float, float]  # start, end, share of the GPU (0..1]

@@ -310,9 +310,7 @@ def replay(
     """
     cluster = ClusterState(nodes)
     policy = make_policy(policy_name, seed=seed)
-    set_workload = getattr(policy, "set_workload", None)
-    if set_workload is not None:
-        set_workload([target_shape(pod) for pod in target_pods])
+    policy.set_workload([target_shape(pod) for pod in target_pods])
     capacity = GPU_MIB * sum(len(n.gpus) for n in nodes)
     curve = Curve(capacity)
     memo = FeasibilityMemo(cluster)

@@ -1,6 +1,6 @@
 """What the emulator refuses at create, as kube-apiserver does: Job validation and object-count quota.
 
-- Jobs (``batch/v1``): the pod-template rules of :mod:`gputask.k8s.podspec` (the ones the operator
+- Jobs (``batch/v1``): the pod-template rules of :mod:`gputask.manifests.podspec` (the ones the operator
   also checks before sending) plus one it does not check, so tests can meet a refusal the operator
   could not foresee: every volume names exactly one volume source (``spec.template.spec.volumes[0]:
   Required value: must specify a volume type``). 422 Invalid, ``Job.batch "x" is invalid: ...``.
@@ -16,8 +16,8 @@ from typing import Any
 
 from kmock import KubernetesError, resource
 
-from gputask.k8s.fields import REQUIRED, FieldError
-from gputask.k8s.podspec import template_problems
+from gputask.manifests.fields import REQUIRED, FieldError
+from gputask.manifests.podspec import template_problems
 
 RESOURCE_QUOTAS = resource("", "v1", "resourcequotas")
 VOLUME_SOURCES = frozenset(

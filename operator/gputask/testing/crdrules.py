@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gputask.k8s.fields import FORBIDDEN, INVALID, NOT_SUPPORTED, REQUIRED, FieldError, aggregate, not_supported
+from gputask.manifests.fields import FORBIDDEN, INVALID, NOT_SUPPORTED, REQUIRED, FieldError, aggregate, not_supported
 
 Schema = Mapping[str, Any]
 __all__ = ["FORBIDDEN", "INVALID", "NOT_SUPPORTED", "REQUIRED", "ROOT_FIELDS", "FieldError", "aggregate",

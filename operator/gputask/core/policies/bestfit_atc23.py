@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from gputask.core.cluster import NodeState
 from gputask.core.model import MILLI_PER_GPU, Task
-from gputask.core.placement import free_milli_after, tightest
+from gputask.core.placement import PolicyBase, free_milli_after, tightest
 
 MAX_SPEC_CPU_MILLI = 128_000
 """The simulator's CPU normalisation constant (128 cores)."""
@@ -29,7 +29,7 @@ MAX_SPEC_GPU_MILLI = 8 * MILLI_PER_GPU
 
 
 @dataclass
-class BestFitAtc23:
+class BestFitAtc23(PolicyBase):
     """The FGD paper's best-fit baseline: CPU and GPU left after placing, equally weighted, rounded."""
 
     name: str = "bestfit-atc23"

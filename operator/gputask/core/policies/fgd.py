@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.model import Task
-from gputask.core.placement import tightest
+from gputask.core.placement import PolicyBase, tightest
 from gputask.core.policies.fragmentation import Fragmentation
 from gputask.core.policies.workload import DEFAULT_TARGET, POPULARITY, RecentWorkload, TargetWorkload, TaskShape
 
@@ -36,7 +36,7 @@ def framework_score(decrease: float) -> int:
     return int(100.0 / (1.0 + math.exp(-decrease / 1000.0)))
 
 
-class TargetFollower:
+class TargetFollower(PolicyBase):
     """The target-workload half of a fragmentation policy.
 
     The target is :data:`~gputask.core.policies.workload.DEFAULT_TARGET` until

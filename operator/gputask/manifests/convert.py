@@ -12,7 +12,7 @@ import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, get_args
 
 from kubernetes.utils import parse_quantity
 
@@ -34,8 +34,15 @@ from gputask.core import (
     Task,
     task_key,
 )
-from gputask.k8s.fields import aggregate
-from gputask.k8s.podspec import template_problems
+from gputask.core.quota import (
+    BorrowWithinCohort,
+    QueueingStrategy,
+    ReclaimWithinCohort,
+    StopPolicy,
+    WithinClusterQueue,
+)
+from gputask.manifests.fields import aggregate
+from gputask.manifests.podspec import template_problems
 
 MIB = 1 << 20
 MAX_GPUS = 16
@@ -137,7 +144,7 @@ def task_from_manifest(
     ``workload_priority_of`` resolves the label ``kueue.x-k8s.io/priority-class`` (a Kueue
     WorkloadPriorityClass; when not given, ``priority_of`` is used for the label too),
     None when it does not exist. The pod template is checked against what the Job API refuses
-    (:mod:`gputask.k8s.podspec`) when there is one (scenarios have none). Raises InvalidTaskError
+    (:mod:`gputask.manifests.podspec`) when there is one (scenarios have none). Raises InvalidTaskError
     with reason InvalidSpec, MissingQueueName or PriorityClassNotFound.
     """
     meta = obj.get("metadata") or {}
@@ -261,20 +268,20 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
         quotas[rname] = ResourceQuota(nominal, limits.get("borrowingLimit"), lending)
     pre = _section(spec, "preemption")
     borrow = _section(pre, "borrowWithinCohort", "preemption.")
-    within = _choice(pre, "withinClusterQueue", ("Never", "LowerPriority", "LowerOrNewerEqualPriority"), "preemption.")
-    reclaim = _choice(pre, "reclaimWithinCohort", ("Never", "LowerPriority", "Any"), "preemption.")
-    borrow_policy = _choice(borrow, "policy", ("Never", "LowerPriority"), "preemption.borrowWithinCohort.")
+    within = _choice(pre, "withinClusterQueue", get_args(WithinClusterQueue), "preemption.")
+    reclaim = _choice(pre, "reclaimWithinCohort", get_args(ReclaimWithinCohort), "preemption.")
+    borrow_policy = _choice(borrow, "policy", get_args(BorrowWithinCohort), "preemption.borrowWithinCohort.")
     threshold = borrow.get("maxPriorityThreshold")
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)):
         raise InvalidQueueError(
             f"preemption.borrowWithinCohort.maxPriorityThreshold must be an integer, got {threshold!r}"
         )
-    stop_policy = _choice(spec, "stopPolicy", ("None", "Hold", "HoldAndDrain"))
+    stop_policy = _choice(spec, "stopPolicy", get_args(StopPolicy))
     cohort = spec.get("cohort")
     if cohort is not None and not isinstance(cohort, str):
         raise InvalidQueueError(f"cohort must be a name, got {cohort!r}")
     strategy = spec.get("queueingStrategy", "BestEffortFIFO")
-    if strategy not in ("BestEffortFIFO", "StrictFIFO"):
+    if strategy not in get_args(QueueingStrategy):
         raise InvalidQueueError(f"queueingStrategy {strategy!r}: use BestEffortFIFO or StrictFIFO")
     fair = spec.get("fairSharing")
     weight = None

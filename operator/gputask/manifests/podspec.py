@@ -29,7 +29,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from gputask.k8s.fields import DUPLICATE, INVALID, NOT_FOUND, REQUIRED, FieldError, not_supported
+from gputask.manifests.fields import DUPLICATE, INVALID, NOT_FOUND, REQUIRED, FieldError, not_supported
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
