@@ -21,10 +21,10 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,sim,agent]'
+	$(PY) -m pip install --quiet -e '.[test,sim,agent,demo]'
 	touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install gputask with test, sim and agent extras
+install: $(STAMP) ## Create .venv and install gputask with test, sim, agent and demo extras
 
 $(TOOLS)/bin/helm:
 	$(PYTHON) tests/helmtool.py install $(TOOLS)

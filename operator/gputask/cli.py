@@ -136,6 +136,11 @@ def demo(
         code = asyncio.run(run_demo(keep=keep, port=port, workdir=workdir))
     except KeyboardInterrupt:
         code = 0
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "kmock":
+            raise
+        typer.echo("gputask demo: the API emulator needs the demo extra: pip install 'gputask[demo]'", err=True)
+        code = 2
     except OSError as exc:  # e.g. the port is taken by a demo still running
         typer.echo(f"gputask demo: {exc}", err=True)
         code = 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,14 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     """A path that does not exist raises ConfigError, not OSError."""
     with pytest.raises(ConfigError):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_the_demo_without_its_extra_says_which_extra_to_install() -> None:
+    """Without kmock (an install of only .[agent]) `gputask demo` prints one line naming the demo extra, exit 2."""
+    script = "import sys; sys.modules['kmock'] = None\nfrom gputask.cli import app\napp(['demo'])"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stderr, run.stdout) == (
+        2,
+        "gputask demo: the API emulator needs the demo extra: pip install 'gputask[demo]'\n",
+        "",
+    )

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp.web
 import yaml
 from kmock import KubernetesError, Request, ResourceInfo, method, resource
-from kmock._internal import parsing
 
+from gputask.testing._kmock import parsing
 from gputask.testing._resources import SUBRESOURCE_VERBS, parse_path, version_priority
 
 Served = Iterable[tuple[resource, ResourceInfo]]

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kmock import ResourceInfo, resource
-from kmock._internal.parsing import ParsedPath
+
+from gputask.testing._kmock import ParsedPath
 
 VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 SUBRESOURCE_VERBS = ("get", "patch", "update")

@@ -32,9 +32,9 @@ from kmock import (
     method,
     resource,
 )
-from kmock._internal.rendering import Response, StreamingError
 
 from gputask.testing import _http, _patches
+from gputask.testing._kmock import Response, StreamingError
 from gputask.testing._resources import builtin_infos, group_version
 from gputask.testing._selectors import SelectorError, make_matcher, parse_field_selector, parse_label_selector
 from gputask.testing._store import (
