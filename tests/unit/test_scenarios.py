@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -698,3 +701,19 @@ def test_cli_names_each_bad_file_once_on_one_line(tmp_path: Path, capsys: pytest
             "(use e.g. 30s, 2m, 1h)\n",
         ),
     ]
+
+
+def test_runs_are_the_same_whatever_the_hash_seed(tmp_path: Path) -> None:
+    """A chaos scenario (failures, restarts, preemption) gives the same JSON under two PYTHONHASHSEEDs:
+    no decision depends on the iteration order of a set or dict of strings."""
+    doc = tmp_path / "chaos.yaml"
+    env = {**os.environ, "PYTHONHASHSEED": "1"}
+    chaos = [sys.executable, "-m", "gputask.cli", "scenario", "chaos", "--nodes", "12", "--tasks", "120",
+             "--seed", "7", "--write", str(doc)]
+    subprocess.run(chaos, env=env, capture_output=True, check=False, timeout=300)
+    outputs = [
+        subprocess.run([sys.executable, "-m", "gputask.cli", "scenario", "run", str(doc), "--output", "json"],
+                       env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=300).stdout
+        for seed in ("1", "2")
+    ]
+    assert (len(outputs[0]) > 1000, outputs[0] == outputs[1]) == (True, True)

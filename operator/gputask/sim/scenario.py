@@ -314,12 +314,6 @@ class _Run:
                 scheduler.restore(record.task, record.placement, admitted_at=record.admitted_at)
             else:
                 scheduler.submit(record.task)
-        # Core gap worked around: restore() does not look at GPU health, so a restart between
-        # a GPU failure and the next cycle would forget the eviction. Report the GPUNodes again
-        # after the tasks, as the operator's GPUNode events may well arrive after its Jobs.
-        for node in self.nodes.values():
-            if not all(g.healthy for g in node.gpus):
-                scheduler.set_node(node)
 
     # -- cycle and checks ------------------------------------------------------------------------
     def _cycle(self, now: float) -> None:

@@ -93,12 +93,6 @@ def need_mib(request: GpuRequest, memory_mib: int) -> int:
     return need if need <= memory_mib else memory_mib + 1
 
 
-def free_milli(gpu: GpuView) -> int:
-    """Free share of one GPU in milli-GPU (rounded down)."""
-    _, memory_mib, free, _ = gpu
-    return free * MILLI_PER_GPU // memory_mib if memory_mib else 0
-
-
 @dataclass(slots=True)
 class _Group:
     """Shapes that need the same GPUs (count, per-GPU request, products); members sorted by CPU."""
