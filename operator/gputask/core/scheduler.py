@@ -18,6 +18,7 @@ in :mod:`gputask.core.preemption`. The scheduler ties them together in :meth:`Sc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -75,6 +76,9 @@ class Evict:
     """Evict running ``task`` from ``placement``; it is requeued in its old place.
 
     ``reason`` is Preempted, NodeFailure, GPUFailure or QueueDrained; ``by`` names the preemptor.
+    ``held`` is the key under which the evicted workload keeps its GPUs (what a nominated
+    preemptor did not take) until the adapter reports it gone with :meth:`Scheduler.finish`; a
+    report, left out of equality.
     """
 
     task: Task
@@ -82,6 +86,7 @@ class Evict:
     reason: str
     message: str
     by: TaskKey | None = None
+    held: TaskKey | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,7 @@ class Scheduler:
         self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
+        self._departures = itertools.count(1)  # names the holds of evicted workloads
         for node in nodes:
             self.set_node(node)
 
@@ -217,7 +223,12 @@ class Scheduler:
             self._carry.extend(self._evict_failed([FailureNotice(key, reason, message)]))
             return
         self.requeue(key)
-        self._carry.append(Evict(entry.task, entry.placement, reason, message))
+        self._carry.append(Evict(entry.task, entry.placement, reason, message, held=self._hold_departing(entry)))
+
+    def _hold_departing(self, entry: Entry) -> TaskKey | None:
+        """Keep what an evicted workload still uses (its pods run until its Job is gone) under a new key."""
+        key = TaskKey(f"{entry.task.key}#departing-{next(self._departures)}")
+        return key if self.ledger.hold(key, entry.placement, fit=True) is not None else None
 
     def set_reschedules(self, key: TaskKey, count: int) -> None:
         """Restore how many failure evictions a task has had (from its status, after a restart)."""
@@ -346,17 +357,18 @@ class Scheduler:
             if entry is None:
                 continue
             count = self.health.count_failure(notice.key)
-            out.append(Evict(entry.task, entry.placement, notice.reason, notice.message))
-            if count > entry.task.max_reschedules:
+            fails = count > entry.task.max_reschedules
+            if entry.charged and not fails:
+                self.requeue(notice.key)
+            else:
                 self.finish(notice.key)
+            held = self._hold_departing(entry)
+            out.append(Evict(entry.task, entry.placement, notice.reason, notice.message, held=held))
+            if fails:
                 limit = entry.task.max_reschedules
                 out.append(
                     Fail(entry.task, MAX_RESCHEDULES_EXCEEDED, f"{notice.message}; rescheduled {limit} times already")
                 )
-            elif entry.charged:
-                self.requeue(notice.key)
-            else:
-                self.finish(notice.key)
         return out
 
     def _admit_nominated(self, now: float) -> list[Decision]:
@@ -373,7 +385,8 @@ class Scheduler:
             if entry.charged and spec is not None and spec.stop_policy == "HoldAndDrain":
                 self.requeue(key)
                 why = f"GPUClusterQueue {spec.name!r} is draining"
-                out.append(Evict(entry.task, entry.placement, Reason.QUEUE_DRAINED, why))
+                held = self._hold_departing(entry)
+                out.append(Evict(entry.task, entry.placement, Reason.QUEUE_DRAINED, why, held=held))
         return out
 
     def _ordered(self) -> Iterable[Task]:
@@ -462,13 +475,16 @@ class Scheduler:
             plan = self._plan(task, quota, True, least)
         if plan is None or not fair_with(task, plan, self.quotas, self.ledger.usage(plan.placement)):
             return []
-        decisions: list[Decision] = []
+        victims = [self.ledger.get(v.task.key) for v in plan.victims]
         for victim in plan.victims:
             self.requeue(victim.task.key)
-            message = f"preempted by {task.key} (priority {task.priority}) in GPUClusterQueue {task.queue!r}"
-            decisions.append(Evict(victim.task, victim.placement, Reason.PREEMPTED, message, by=task.key))
         self._unqueue(task.key)
         self.ledger.nominate(task, plan.placement, [v.task.key for v in plan.victims], now)
+        decisions: list[Decision] = []
+        message = f"preempted by {task.key} (priority {task.priority}) in GPUClusterQueue {task.queue!r}"
+        for victim, entry in zip(plan.victims, victims, strict=True):  # the preemptor first takes its part
+            held = self._hold_departing(entry) if entry is not None else None
+            decisions.append(Evict(victim.task, victim.placement, Reason.PREEMPTED, message, by=task.key, held=held))
         waiting = ", ".join(sorted(v.task.key for v in plan.victims))
         decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {plan.placement.node}"))
         return decisions

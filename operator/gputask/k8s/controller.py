@@ -237,6 +237,16 @@ class Controller:
         if self.scheduler.hold(key, job.placement, fit=fit) is not None:
             self.held[job.key] = key
 
+    def departing(self, job: JobRecord | None, held: TaskKey | None) -> None:
+        """An evicted task's Job goes away: the core's hold of its GPUs (``held``) lasts until the Job is
+        gone; with no Job to wait for, it ends now."""
+        if held is None:
+            return
+        if job is None or job.key in self.held:
+            self.scheduler.finish(held)
+        else:
+            self.held[job.key] = held
+
     def on_job_deleted(self, obj: Mapping[str, Any]) -> JobRecord | None:
         """A Job is gone: release what it held; a placed task whose current Job it was is evicted."""
         meta = obj["metadata"]

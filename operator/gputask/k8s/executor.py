@@ -185,8 +185,7 @@ class Executor:
         if record is None:
             return
         job = self._current_job(record)
-        if job is not None:
-            self.controller.hold(job, fit=True)  # before any await: nothing may take what its pods still use
+        self.controller.departing(job, decision.held)  # its pods keep their GPUs until the Job is gone
         self.metrics.evictions.labels(decision.reason).inc()
         if decision.reason == "Preempted":
             self.metrics.preemptions.labels(decision.task.queue).inc()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -70,7 +71,9 @@ class Operator:
 
     Without leader election the instance leads from the start. With it, a standby keeps its
     watches open but ignores their events; once elected it rebuilds the controller from the API,
-    and only then schedules. Every write is fenced by ``self.leading``.
+    and only then schedules. Events that arrive while it rebuilds are kept and fed afterwards when
+    they are newer than what the rebuild listed, so none is lost. Every write is fenced by
+    :meth:`is_leading` (the Lease renewed within its renew deadline).
     """
 
     def __init__(
@@ -81,14 +84,16 @@ class Operator:
         self.metrics = OperatorMetrics()
         self.controller = Controller(config)
         self.leading = False
-        self.writer = Writer(client, self.metrics, leading=lambda: self.leading)
-        self.executor = Executor(self.controller, self.writer, self.metrics)
+        self.writer = Writer(client, self.metrics, leading=self.is_leading)
+        self.executor = Executor(self.controller, self.writer, self.metrics, concurrency=config.api_concurrency)
         self.gate = asyncio.Lock()
         self.loop = SchedulingLoop(self.controller, self.executor, self.gate)
         self.kueue = KueueSupport(client, self.controller, self.executor, self.gate)
         self.registry = kopf.OperatorRegistry()
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._elector: asyncio.Task[None] | None = None
+        self.elector: LeaderElector | None = None
+        self._campaign: asyncio.Task[None] | None = None
+        self._buffer: list[tuple[Handler, dict[str, Any]]] | None = None  # events seen while rebuilding
         self._register()
 
     @property
@@ -96,8 +101,29 @@ class Operator:
         """The operator's configuration."""
         return self.controller.config
 
+    def is_leading(self) -> bool:
+        """True while this instance may write: it leads, and (with leader election) its Lease is fresh."""
+        return self.leading and (self.elector is None or self.elector.leading())
+
     async def rebuild(self) -> None:
-        """List everything and rebuild the controller before the first cycle."""
+        """List everything and rebuild the controller before the first cycle; then feed the events
+        that arrived meanwhile and are newer than what was listed."""
+        self._buffer = []
+        try:
+            objects = await self._list_all()
+            async with self.gate:
+                self.controller.foreign.reset(objects["pods"])
+                self.controller.rebuild(objects)
+                await self.kueue.rebuild(objects.get("workloads", []))
+            listed = {_identity(o): _version(o) for kind in objects.values() for o in kind}
+            buffered, self._buffer = self._buffer, None
+            for handler, event in buffered:
+                if _version(event["object"]) > listed.get(_identity(event["object"]), -1):
+                    await handler(event)
+        finally:
+            self._buffer = None
+
+    async def _list_all(self) -> dict[str, list[dict[str, Any]]]:
         objects: dict[str, list[dict[str, Any]]] = {}
         kueue_mode = self.config.queueing == "kueue"
         lists = {**REBUILD_ORDER, "pods": (PODS, None), **({"workloads": (WORKLOADS, None)} if kueue_mode else {})}
@@ -109,10 +135,14 @@ class Operator:
                 if exc.status != 404:
                     raise kopf.TemporaryError(f"listing {kind} failed: {exc}", delay=5) from exc
                 objects[kind] = []  # e.g. no Kueue WorkloadPriorityClass API in this cluster
-        async with self.gate:
-            self.controller.foreign.reset(objects["pods"])
-            self.controller.rebuild(objects)
-            await self.kueue.rebuild(objects.get("workloads", []))
+        return objects
+
+    def _kept(self, handler: Handler, event: dict[str, Any]) -> bool:
+        """While rebuilding, keep the event for after the rebuild (True: the handler must not feed it now)."""
+        if self._buffer is None:
+            return False
+        self._buffer.append((handler, event))
+        return True
 
     async def lead(self) -> None:
         """Become the scheduling instance: rebuild, then run the loop."""
@@ -135,27 +165,28 @@ class Operator:
         if not config.leader_election:
             await self.lead()
             return
-        elector = LeaderElector(
+        self.elector = LeaderElector(
             self.lease_client,
             identity=self.identity,
             name=config.lease_name,
             namespace=config.lease_namespace or os.environ.get("POD_NAMESPACE", "default"),
             lease_s=config.lease_duration_s,
-            renew_s=config.lease_renew_s,
+            renew_deadline_s=config.lease_renew_deadline_s,
+            retry_s=config.lease_renew_s,
         )
-        self._elector = asyncio.create_task(elector.run(self.lead, self.step_down), name="gputask-leader-election")
+        self._campaign = asyncio.create_task(self.elector.run(self.lead, self.step_down), name="gputask-leader")
 
     async def on_cleanup(self, **_: Any) -> None:
-        """Stop campaigning and scheduling."""
-        if self._elector is not None:
-            self._elector.cancel()
+        """Stop campaigning (releasing the Lease) and scheduling."""
+        if self._campaign is not None:
+            self._campaign.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._elector
+                await self._campaign
         await self.step_down()
 
     async def on_task(self, event: dict[str, Any], **_: Any) -> None:
         """GPUTask added, modified or deleted."""
-        if not self.leading:
+        if not self.leading or self._kept(self.on_task, event):
             return
         obj = event["object"]
         async with self.gate:
@@ -170,7 +201,7 @@ class Operator:
 
     async def on_job(self, event: dict[str, Any], **_: Any) -> None:
         """One of our Jobs changed: track running, completion and disappearance."""
-        if not self.leading:
+        if not self.leading or self._kept(self.on_job, event):
             return
         obj, deleted = event["object"], event.get("type") == "DELETED"
         async with self.gate:
@@ -193,7 +224,7 @@ class Operator:
 
     async def on_task_pod(self, event: dict[str, Any], **_: Any) -> None:
         """A pod of one of our Jobs changed: it runs (phase Running), or cannot be scheduled."""
-        if not self.leading:
+        if not self.leading or self._kept(self.on_task_pod, event):
             return
         async with self.gate:
             self.controller.on_task_pod(event["object"], deleted=event.get("type") == "DELETED")
@@ -205,13 +236,13 @@ class Operator:
 
     async def on_workload(self, event: dict[str, Any], **_: Any) -> None:
         """A Kueue Workload changed (Kueue mode: it may wait for our placement check)."""
-        if self.leading:
+        if self.leading and not self._kept(self.on_workload, event):
             self.kueue.admission.on_workload(event["object"], deleted=event.get("type") == "DELETED")
             self.kueue.wake()
 
     async def on_priority_class(self, event: dict[str, Any], *, kueue: bool = False, **_: Any) -> None:
         """A PriorityClass (or Kueue WorkloadPriorityClass) changed: tasks waiting for it are looked at again."""
-        if not self.leading:
+        if not self.leading or self._kept(functools.partial(self.on_priority_class, kueue=kueue), event):
             return
         async with self.gate:
             self.controller.on_priority_class(event["object"], kueue=kueue, deleted=event.get("type") == "DELETED")
@@ -221,7 +252,7 @@ class Operator:
         """A handler that passes the object to ``controller.inventory.<method>`` (looked up per event)."""
 
         async def handler(event: dict[str, Any], **_: Any) -> None:
-            if not self.leading:
+            if not self.leading or self._kept(handler, event):
                 return
             deleted = event.get("type") == "DELETED"
             async with self.gate:
@@ -259,6 +290,18 @@ class Operator:
             (("v1", "namespaces"), self._track("on_namespace")),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)
+
+
+def _identity(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    """What tells one object from another across kinds: apiVersion, kind, namespace, name."""
+    meta = obj.get("metadata") or {}
+    return (str(obj.get("apiVersion")), str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name")))
+
+
+def _version(obj: dict[str, Any]) -> int:
+    """The object's resourceVersion as a number (etcd's revision; -1 when it is not one)."""
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else -1
 
 
 __all__ = ["Operator"]

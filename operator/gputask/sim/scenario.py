@@ -358,7 +358,9 @@ class _Run:
             record.failures += 1
         if requeued:
             record.log(now, "Requeued", decision.reason)
-        self.scheduler.victim_gone(record.key)  # the simulated workload stops at once
+        if decision.held is not None:
+            self.scheduler.finish(decision.held)  # the simulated workload stops at once
+        self.scheduler.victim_gone(record.key)
 
     def _violation(self, now: float, text: str) -> None:
         self.violations.setdefault(text, f"at {_num(now)}: {text}")

@@ -224,6 +224,8 @@ def _run(scheduler: Scheduler, pods: list[TimedPod], total_milli: int, mode: str
                     preemptions += 1
                     allocated -= usage.pop(d.task.key, 0)
                     runs[d.task.key] = runs.get(d.task.key, 0) + 1  # its pending finish is stale now
+                    if d.held is not None:
+                        scheduler.finish(d.held)  # the replayed pod stops at once
                     scheduler.victim_gone(d.task.key)
             if not any(isinstance(d, Admit | Evict) for d in decisions):
                 break

@@ -1,0 +1,326 @@
+"""The operator's adapter (controller, executor, inventory, Kueue admission, loop) on the in-process fake client.
+
+No HTTP and no kopf: each test feeds the controller as the watch handlers would and runs the loop
+once at a time, against :class:`gputask.testing.FakeKubeClient`, which answers as the API server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from gputask.config import Config
+from gputask.core import GpuSlot, NodeName, Placement, TaskKey
+from gputask.k8s import executor as executor_module
+from gputask.k8s.client import (
+    ADMISSIONCHECKS,
+    EVENTS,
+    GPUNODES,
+    GPUTASKS,
+    JOBS,
+    LEASES,
+    WORKLOADS,
+    Fenced,
+)
+from gputask.k8s.controller import Controller
+from gputask.k8s.executor import Executor
+from gputask.k8s.jobs import build_job
+from gputask.k8s.kueue_admission import KueueAdmission
+from gputask.k8s.leader import LeaderElector
+from gputask.k8s.loop import SchedulingLoop
+from gputask.k8s.writer import Writer
+from gputask.metrics import OperatorMetrics
+from gputask.testing.fake import FakeKubeClient
+
+GPU0 = {"index": 0, "uuid": "GPU-0", "product": "NVIDIA-A10", "memory": "24Gi", "memoryUsed": "0", "healthy": True}
+
+
+class Parts:
+    """A controller, writer, executor and loop on a fake client, leading unless told otherwise."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.client = FakeKubeClient()
+        self.leading = True
+        self.metrics = OperatorMetrics()
+        self.controller = Controller(config or Config(cycleInterval=0.2))
+        self.writer = Writer(self.client, self.metrics, leading=lambda: self.leading)
+        self.executor = Executor(self.controller, self.writer, self.metrics)
+        self.loop = SchedulingLoop(self.controller, self.executor)
+        now = time.time()
+        inventory = self.controller.inventory
+        inventory.on_node(
+            {"metadata": {"name": "node-a"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, now
+        )
+        inventory.on_gpunode(
+            self.client.put(
+                GPUNODES, {"metadata": {"name": "node-a"}, "status": {"gpus": [GPU0], "heartbeatTime": _now()}}
+            ),
+            now,
+        )
+        inventory.on_queue({"metadata": {"name": "q"}, "spec": {}})
+
+    def submit(self, name: str, **spec: Any) -> dict[str, Any]:
+        """Store a GPUTask and feed it to the controller (as the watch would)."""
+        body = {
+            "apiVersion": "gputask.io/v1alpha1",
+            "kind": "GPUTask",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {
+                "queueName": "q",
+                "template": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}},
+                **spec,
+            },
+        }
+        stored = self.client.put(GPUTASKS, body, "ns")
+        self.controller.on_task(stored)
+        return stored
+
+    def status(self, name: str) -> dict[str, Any]:
+        """The stored status of a task."""
+        return (
+            self.client.all(GPUTASKS, "ns")[
+                [o["metadata"]["name"] for o in self.client.all(GPUTASKS, "ns")].index(name)
+            ].get("status")
+            or {}
+        )
+
+    def job_creates(self) -> list[str | None]:
+        """Names of the Jobs the operator tried to create, in order."""
+        return [name for verb, plural, name in self.client.calls if (verb, plural) == ("create", "jobs")]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def admitted_view(status: dict[str, Any]) -> tuple[Any, ...]:
+    """What an admission wrote: phase, job, placement, Admitted reason."""
+    reason = next(c["reason"] for c in status["conditions"] if c["type"] == "Admitted")
+    return status["phase"], status.get("jobName"), status.get("placement"), reason
+
+
+async def test_a_task_becomes_its_pinned_job_and_an_admitted_status() -> None:
+    """One loop pass: the exact Job of build_job, the status Admitted with the placement, one Event."""
+    parts = Parts()
+    task = parts.submit("t", gpuMemory="8Gi")
+    await parts.loop.run_once()
+    placement = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
+    (job,) = parts.client.all(JOBS, "ns")
+    expected = build_job(task, placement, attempt=1, queue="q")
+    assert ({k: job[k] for k in ("spec",)}, job["metadata"]["annotations"]) == (
+        {"spec": expected["spec"]},
+        expected["metadata"]["annotations"],
+    )
+    assert admitted_view(parts.status("t")) == (
+        "Admitted",
+        "t-1",
+        {"node": "node-a", "gpus": [{"index": 0, "uuid": "GPU-0", "memory": 8192}]},
+        "Admitted",
+    )
+    assert [(e["type"], e["reason"]) for e in parts.client.all(EVENTS, "ns")] == [("Normal", "Admitted")]
+
+
+async def test_a_refused_job_is_not_tried_again_before_its_backoff() -> None:
+    """A 422 on create: JobRejected, the GPU released, no second create on the next passes; a new spec
+    is tried at once."""
+    parts = Parts()
+    parts.client.fail("create", "jobs", status=422, message='Job.batch "t-1" is invalid: spec.x: Invalid value')
+    parts.submit("t", gpuMemory="8Gi")
+    for _ in range(3):
+        await parts.loop.run_once()
+    status = parts.status("t")
+    assert (status["phase"], parts.job_creates(), parts.controller.scheduler.placement_of(TaskKey("ns/t"))) == (
+        "Pending",
+        ["t-1"],
+        None,
+    )
+    assert next(c["reason"] for c in status["conditions"] if c["type"] == "Admitted") == "JobRejected"
+    edited = parts.client.all(GPUTASKS, "ns")[0]
+    edited["spec"]["gpuMemory"] = "6Gi"
+    edited["metadata"]["generation"] = 2
+    parts.controller.on_task(edited)
+    await parts.loop.run_once()
+    assert (parts.job_creates(), parts.status("t")["phase"]) == (["t-1", "t-1"], "Admitted")
+
+
+async def test_an_existing_job_with_another_placement_is_adopted() -> None:
+    """409 on create: our Job already exists on GPU 0 with 4 GiB, not the 8 GiB just chosen: its placement wins."""
+    parts = Parts()
+    task = parts.submit("t", gpuMemory="8Gi")
+    theirs = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 4096),))
+    parts.client.put(JOBS, build_job(task, theirs, attempt=1, queue="q"), "ns")
+    await parts.loop.run_once()
+    scheduler = parts.controller.scheduler
+    assert (
+        scheduler.placement_of(TaskKey("ns/t")),
+        parts.status("t")["placement"]["gpus"][0]["memory"],
+        parts.metrics.adopted._value.get(),
+    ) == (theirs, 4096, 1.0)
+
+
+async def test_a_failed_job_delete_is_retried_and_the_gpus_stay_held_until_the_job_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An eviction whose Job delete gets a 500 keeps the Job's GPUs held and deletes again after the backoff."""
+    monkeypatch.setattr(executor_module, "BACKOFF_BASE_S", 0.05)
+    parts = Parts()
+    parts.submit("t", gpuMemory="20Gi")
+    await parts.loop.run_once()
+    parts.controller.on_job(parts.client.all(JOBS, "ns")[0])  # its ADDED event
+    job = parts.controller.jobs["ns/t-1"]
+    parts.client.fail("delete", "jobs", status=500, message="etcdserver: request timed out")
+    parts.controller.scheduler.evict(TaskKey("ns/t"), "Preempted", "test eviction")
+    await parts.loop.run_once()
+    hold = parts.controller.held[job.key]
+    ledger = parts.controller.scheduler.ledger
+    assert (ledger.held.get(hold), [j["metadata"]["name"] for j in parts.client.all(JOBS, "ns")]) == (
+        job.placement,
+        ["t-1"],
+    )
+    await asyncio.sleep(0.1)
+    await parts.executor.retry_deletions()
+    parts.controller.on_job_deleted({"metadata": {"name": "t-1", "namespace": "ns"}})  # its DELETED event
+    assert (parts.client.all(JOBS, "ns"), hold in ledger.held) == ([], False)
+
+
+async def test_an_evicted_jobs_gpus_are_not_given_to_the_next_task_while_it_terminates() -> None:
+    """The core holds an evicted workload's GPUs from the moment it is evicted: a task submitted in
+    the same pass waits (NoFit) until the old Job is gone, then gets the GPU."""
+    parts = Parts()
+    parts.submit("old", gpuMemory="20Gi")
+    await parts.loop.run_once()
+    parts.controller.on_job(parts.client.all(JOBS, "ns")[0])
+    parts.controller.scheduler.evict(TaskKey("ns/old"), "Preempted", "test eviction")
+    parts.client.objects[("batch", "jobs", "ns", "old-1")]["metadata"]["finalizers"] = ["foregroundDeletion"]
+    parts.submit("new", gpuMemory="20Gi")
+    await parts.loop.run_once()
+    waiting = [c["reason"] for c in parts.status("new")["conditions"] if c["type"] == "Admitted"]
+    assert (parts.job_creates(), waiting) == (["old-1"], ["NoFit"])
+    parts.controller.on_job_deleted(parts.client.all(JOBS, "ns")[0])
+    await parts.loop.run_once()
+    assert sorted(parts.job_creates()) == ["new-1", "old-1"]
+
+
+async def test_a_replica_that_does_not_lead_writes_nothing_and_undoes_its_admissions() -> None:
+    """With leadership gone, no create, patch or Event reaches the API, and the task is pending again."""
+    parts = Parts()
+    parts.leading = False
+    parts.submit("t", gpuMemory="8Gi")
+    await parts.loop.run_once()
+    scheduler = parts.controller.scheduler
+    assert (parts.client.writes(), TaskKey("ns/t") in scheduler.pending, scheduler.running) == ([], True, {})
+
+
+async def test_the_writer_abandons_a_write_whose_leadership_ends_before_it_is_sent() -> None:
+    """The guard runs again right before sending: leadership lost meanwhile means Fenced, not a write."""
+    client = FakeKubeClient()
+    state = {"leading": True}
+    writer = Writer(client, leading=lambda: state["leading"])
+    original = client.create
+
+    async def slow_create(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        state["leading"] = False  # the Lease is lost while the write waits for a thread
+        return await original(*args, **kwargs)
+
+    client.create = slow_create  # type: ignore[method-assign]
+    with pytest.raises(Fenced):
+        await writer.create(JOBS, {"metadata": {"name": "j"}}, "ns")
+    assert client.all(JOBS) == []
+
+
+def test_a_malformed_queue_is_inactive_and_stops_nothing_else() -> None:
+    """A queue whose spec cannot be used is recorded with its error and leaves the other queues working."""
+    controller = Controller(Config())
+    inventory = controller.inventory
+    inventory.on_queue({"metadata": {"name": "bad"}, "spec": {"resources": "lots"}})
+    inventory.on_queue({"metadata": {"name": "good"}, "spec": {}})
+    assert (inventory.queue_errors, sorted(controller.scheduler.quotas.specs), controller.scheduler.inactive) == (
+        {"bad": "resources must be a list, got 'lots'"},
+        ["good"],
+        {"bad": "resources must be a list, got 'lots'"},
+    )
+
+
+async def test_kueue_mode_placements_are_in_the_ledger_violations_and_metrics() -> None:
+    """A Workload with quota reserved is placed and answered Ready; the placement is the scheduler's like
+    any other: counted as admitted in the metrics, and an over-commit of two shows in violations()."""
+    parts = Parts(Config(cycleInterval=0.2, queueing="kueue"))
+    gate = asyncio.Lock()
+    admission = KueueAdmission(parts.client, parts.controller, parts.executor, gate)
+    parts.client.put(
+        ADMISSIONCHECKS, {"metadata": {"name": "gputask-placement"}, "spec": {"controllerName": "gputask.io/placement"}}
+    )
+    for name in ("a", "b"):
+        parts.submit(name, gpuMemory="20Gi")
+        job = parts.client.put(
+            JOBS,
+            {
+                "metadata": {
+                    "name": f"{name}-1",
+                    "namespace": "ns",
+                    "annotations": {
+                        "gputask.io/task-uid": parts.controller.tasks[TaskKey(f"ns/{name}")].uid,
+                        "gputask.io/attempt": "1",
+                    },
+                },
+                "spec": {},
+            },
+            "ns",
+        )
+        parts.controller.on_job(job)
+        admission.on_workload(parts.client.put(WORKLOADS, _workload(name), "ns"))
+    await admission.sync()
+    scheduler = parts.controller.scheduler
+    ready = [c["state"] for w in parts.client.all(WORKLOADS, "ns") for c in w["status"]["admissionChecks"]]
+    assert (sorted(scheduler.running), sorted(ready)) == (["ns/a"], ["Ready", "Retry"])
+    parts.metrics.refresh(scheduler)
+    assert parts.metrics.admitted.labels("q")._value.get() == 1.0
+    other = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 20480),))
+    scheduler.restore(parts.controller.tasks[TaskKey("ns/b")].task, other, charge=False)  # what a stale book says
+    assert scheduler.violations() == ["node-a GPU 0: 40960 MiB reserved > 24576 MiB"]
+
+
+def _workload(name: str) -> dict[str, Any]:
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-1", "uid": "u", "controller": True}
+    check = {"name": "gputask-placement", "state": "Pending", "message": "", "lastTransitionTime": _now()}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": f"job-{name}-1", "namespace": "ns", "ownerReferences": [owner]},
+        "spec": {"queueName": "q", "podSets": [{"name": "main", "count": 1}]},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": ""}],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "main", "count": 1}]},
+            "admissionChecks": [check],
+        },
+    }
+
+
+async def test_the_lease_is_renewed_while_a_long_cycle_runs() -> None:
+    """A cycle of 1.2 s (longer than the 0.2 s renewal interval) runs on its worker thread: the elector,
+    on the event loop, renews the Lease several times meanwhile."""
+    parts = Parts()
+    lease_client = FakeKubeClient()
+    elector = LeaderElector(lease_client, identity="me", namespace="ns", lease_s=2.0, renew_deadline_s=1.5, retry_s=0.2)
+    slow = parts.controller.scheduler.cycle
+
+    def long_cycle(now: float) -> Any:
+        time.sleep(1.2)  # a cycle over a large cluster: CPU-bound, on the worker thread
+        return slow(now)
+
+    parts.controller.scheduler.cycle = long_cycle  # type: ignore[method-assign]
+
+    async def lead() -> None:
+        return None
+
+    campaign = asyncio.create_task(elector.run(lead, lead))
+    await asyncio.sleep(0.3)
+    before = sum(1 for c in lease_client.calls if c[0] == "replace")
+    await parts.loop.run_once()
+    renewed = sum(1 for c in lease_client.calls if c[0] == "replace") - before
+    campaign.cancel()
+    assert renewed >= 4, renewed
+    assert lease_client.all(LEASES, "ns")[0]["spec"]["holderIdentity"] == "me"
