@@ -187,3 +187,68 @@ def test_scenario_input_is_run_or_refused_with_a_scenario_error(doc: dict[str, A
         assert str(exc)
         return
     assert out["violations"] == []
+
+
+SELECTORS = st.one_of(
+    VALUES,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "matchLabels": st.dictionaries(st.text(max_size=4), SCALARS, max_size=2) | SCALARS,
+            "matchExpressions": st.lists(
+                st.fixed_dictionaries(
+                    {"key": st.just("team") | SCALARS, "operator": st.sampled_from(["In", "NotIn", "Exists", "Nope"])},
+                    optional={"values": st.lists(st.text(max_size=3) | SCALARS, max_size=2) | SCALARS},
+                ),
+                max_size=2,
+            )
+            | SCALARS,
+        },
+    ),
+)
+
+
+@FUZZ
+@given(selector=SELECTORS, weight=QUANTITIES | SCALARS)
+def test_selectors_and_weights_of_a_queue_raise_only_invalid_queue_error(selector: Any, weight: Any) -> None:
+    """namespaceSelector shapes (values: 5 among them) and fairSharing weights (-1 among them) convert or
+    raise InvalidQueueError; a weight is never negative."""
+    try:
+        spec = queue_from_manifest("q", {"namespaceSelector": selector, "fairSharing": {"weight": weight}})
+    except InvalidQueueError as exc:
+        assert str(exc)
+    else:
+        assert spec.fair_sharing_weight_milli is not None and spec.fair_sharing_weight_milli >= 0
+
+
+OBJECTS = st.fixed_dictionaries(
+    {"metadata": st.fixed_dictionaries({"name": st.sampled_from(["a", "b"])}, optional={"labels": VALUES})},
+    optional={"spec": VALUES, "status": VALUES, "value": SCALARS},
+)
+
+
+@FUZZ
+@given(
+    objects=st.lists(
+        st.tuples(st.sampled_from(["queue", "gpunode", "node", "namespace", "priority"]), OBJECTS), max_size=6
+    )
+)
+def test_no_malformed_object_stops_the_inventory(objects: list[tuple[str, dict[str, Any]]]) -> None:
+    """Whatever queues, GPUNodes, Nodes, Namespaces and PriorityClasses arrive, the inventory takes each one
+    without raising, and a valid queue added after them still works."""
+    from gputask.config import Config
+    from gputask.k8s.controller import Controller
+
+    controller = Controller(Config())
+    inventory = controller.inventory
+    feed = {"queue": inventory.on_queue, "namespace": inventory.on_namespace, "priority": inventory.on_priority_class}
+    for kind, obj in objects:
+        if kind == "gpunode":
+            inventory.on_gpunode(obj, 0.0)
+        elif kind == "node":
+            inventory.on_node(obj, 0.0)
+        else:
+            feed[kind](obj)
+    inventory.on_queue({"metadata": {"name": "fine"}, "spec": {}})
+    controller.scheduler.cycle(0.0)
+    assert "fine" in controller.scheduler.quotas.specs

@@ -320,7 +320,7 @@ def test_malformed_queue_specs_are_rejected_with_the_field_named() -> None:
         messages.append(str(caught.value))
     assert messages == [
         "preemption must be an object, got 'x'",
-        "namespaceSelector.matchLabels must be a map, got 'x'",
+        "namespaceSelector.matchLabels must be a map of strings, got 'x'",
         "stopPolicy 'Nope': use one of None, Hold, HoldAndDrain",
         "preemption.withinClusterQueue 'Sometimes': use one of Never, LowerPriority, LowerOrNewerEqualPriority",
         "preemption.borrowWithinCohort.maxPriorityThreshold must be an integer, got 'high'",

@@ -22,7 +22,7 @@ from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, JOBS, AlreadyExists, ApiError, Fenced, NotFound
+from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, GPUNODES, JOBS, AlreadyExists, ApiError, Fenced, NotFound
 from gputask.k8s.controller import Controller, JobRecord, Report
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe
@@ -294,6 +294,27 @@ class Executor:
                 await t.publish(record, report.detail)
             elif report.kind == "delete-job":
                 await self.delete_job(record)
+
+    async def report_gpunodes(self) -> None:
+        """Write the Accepted condition of each GPUNode whose refused entries changed; a Warning Event
+        when some are refused."""
+        inventory = self.controller.inventory
+        for name in sorted(inventory.to_report):
+            errors = inventory.gpunode_errors.get(name, [])
+            message = "; ".join(errors) if errors else "every GPU entry and the heartbeat are sound"
+            condition = {"type": "Accepted", "status": "False" if errors else "True",
+                         "reason": "RefusedEntries" if errors else "Sound", "message": message[:32768],
+                         "lastTransitionTime": now_rfc3339()}
+            try:
+                await self.writer.patch(GPUNODES, name, {"status": {"conditions": [condition]}}, status=True)
+            except ApiError as exc:
+                if not isinstance(exc, (Fenced, NotFound)):
+                    log.warning("status patch of GPUNode %s failed: %s", name, exc)
+                    continue
+            inventory.to_report.discard(name)
+            if errors:
+                involved = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUNode", "name": name}
+                await self.writer.event(involved, "Warning", "GPUNodeRefused", message)
 
     async def report_queues(self) -> None:
         """Patch each GPUClusterQueue's status when its counts or usage changed since the last write."""

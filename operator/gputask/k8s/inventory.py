@@ -14,7 +14,7 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
-from gputask.k8s.foreign import ForeignPods, occupied_gpus
+from gputask.k8s.foreign import GPU_RESOURCE, ForeignPods, occupied_gpus
 from gputask.manifests import convert
 
 log = logging.getLogger("gputask.inventory")
@@ -23,16 +23,53 @@ OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 WORKLOAD_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 
-def node_ready(node: Mapping[str, Any]) -> bool:
-    """True when a v1 Node's Ready condition is True (a node without conditions counts as ready)."""
-    conds = (node.get("status") or {}).get("conditions") or []
-    ready = [c for c in conds if c.get("type") == "Ready"]
-    return not ready or ready[0].get("status") == "True"
+MAX_CLOCK_SKEW_S = 60.0
+"""A heartbeat this far in the future is refused: the agent's clock (or the object) lies."""
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _name(obj: Mapping[str, Any]) -> str | None:
+    name = _mapping(obj.get("metadata")).get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def _reported(gpunode: Mapping[str, Any]) -> bool:
+    """Whether the agent has written a report into the GPUNode yet (an object created before its status has none)."""
+    status = _mapping(gpunode.get("status"))
+    return "gpus" in status or "heartbeatTime" in status
+
+
+def node_ready(node: Mapping[str, Any]) -> tuple[bool, float | None]:
+    """Whether a v1 Node's Ready condition is True (no condition counts as ready), and since when
+    (its lastTransitionTime in epoch seconds, None when absent): a restart does not reset the grace."""
+    conditions = [c for c in _list(_mapping(node.get("status")).get("conditions")) if isinstance(c, Mapping)]
+    ready = [c for c in conditions if c.get("type") == "Ready"]
+    if not ready:
+        return True, None
+    since = convert.timestamp(ready[0].get("lastTransitionTime")) or None
+    return ready[0].get("status") == "True", since
 
 
 def out_of_service(node: Mapping[str, Any]) -> bool:
     """True when the Node carries the ``node.kubernetes.io/out-of-service`` taint."""
-    return any(t.get("key") == OUT_OF_SERVICE for t in (node.get("spec") or {}).get("taints") or [])
+    taints = _list(_mapping(node.get("spec")).get("taints"))
+    return any(isinstance(t, Mapping) and t.get("key") == OUT_OF_SERVICE for t in taints)
+
+
+def allocatable_gpus(node: Mapping[str, Any] | None) -> int | None:
+    """The Node's allocatable ``nvidia.com/gpu`` (the device plugin's count), None without a device plugin."""
+    value = _mapping(_mapping(_mapping(node).get("status")).get("allocatable")).get(GPU_RESOURCE)
+    try:
+        return int(convert.quantity(value, field="allocatable")) if value is not None else None
+    except ValueError:
+        return None
 
 
 class Inventory:
@@ -50,6 +87,9 @@ class Inventory:
         self.stale: set[str] = set()
         self.queue_errors: dict[str, str] = {}
         self.gpunode_errors: dict[str, list[str]] = {}
+        self.to_report: set[str] = set()  # GPUNodes whose refused entries changed: condition and Event to write
+        self.gpunode_missing: dict[str, float] = {}  # Node name -> when its GPUNode was seen gone
+        self.uuid_owner: dict[str, str] = {}  # GPU uuid -> the node that reported it first
         self.foreign = foreign or ForeignPods()  # the operator shares one index across rebuilds
 
     # -- priorities and namespaces --------------------------------------------------------
@@ -67,11 +107,14 @@ class Inventory:
 
     def on_namespace(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
         """Track a namespace's labels (for queues' namespaceSelector)."""
-        name = obj["metadata"]["name"]
+        name = _name(obj)
+        if name is None:
+            return
         if deleted:
             self.namespace_labels.pop(name, None)
             return
-        labels = dict(obj["metadata"].get("labels") or {})
+        raw = _mapping(_mapping(obj.get("metadata")).get("labels"))
+        labels = {str(k): v for k, v in raw.items() if isinstance(v, str)}
         labels.setdefault("kubernetes.io/metadata.name", name)
         self.namespace_labels[name] = labels
 
@@ -82,47 +125,109 @@ class Inventory:
     # -- nodes ----------------------------------------------------------------------------
     def on_node(self, obj: Mapping[str, Any], now: float, deleted: bool = False) -> None:
         """A v1 Node changed: readiness, cordon, out-of-service taint or deletion."""
-        name = obj["metadata"]["name"]
+        name = _name(obj)
+        if name is None:
+            return
         if deleted:
             self.nodes.pop(name, None)
             self.deleted_nodes.add(name)
+            self.gpunode_missing.pop(name, None)
+            self._release_uuids(name)
             self.scheduler.remove_node(NodeName(name))
             return
         self.deleted_nodes.discard(name)
         self.nodes[name] = obj
-        self.scheduler.node_ready(NodeName(name), node_ready(obj), now)
+        self._readiness(name, now)
         if out_of_service(obj):
             self.scheduler.node_failed(NodeName(name), f"tainted {OUT_OF_SERVICE}")
         self.refresh_node(name, now)
 
     def on_gpunode(self, obj: Mapping[str, Any], now: float, deleted: bool = False) -> None:
-        """Take a GPUNode's GPU inventory (malformed GPU entries are dropped one by one)."""
-        name = obj["metadata"]["name"]
+        """Take a GPUNode's GPU inventory (malformed or lying GPU entries are refused one by one).
+
+        A GPUNode deleted while its Node is there counts as the node down since then: its tasks
+        are evicted only after ``nodeFailureGracePeriod`` (the agent usually writes it again at once).
+        """
+        name = _name(obj)
+        if name is None:
+            return
         if deleted:
             self.gpunodes.pop(name, None)
-            self.scheduler.remove_node(NodeName(name))
+            self._release_uuids(name)
+            if name in self.nodes:
+                self.gpunode_missing.setdefault(name, now)
+                self._readiness(name, now)
+            else:
+                self.scheduler.remove_node(NodeName(name))
             return
         self.gpunodes[name] = obj
+        if not _reported(obj):
+            return  # created, its first status not written yet: nothing to take (nor to lose) yet
+        if self.gpunode_missing.pop(name, None) is not None:
+            self._readiness(name, now)
         self.refresh_node(name, now)
 
+    def _readiness(self, name: str, now: float) -> None:
+        """Down while the Node is NotReady (since its Ready transition) or its GPUNode is gone (since seen gone)."""
+        ready, since = node_ready(self.nodes[name]) if name in self.nodes else (True, None)
+        down = [min(since or now, now)] if not ready else []
+        if name in self.gpunode_missing:
+            down.append(self.gpunode_missing[name])
+        self.scheduler.node_ready(NodeName(name), not down, min(down) if down else now)
+
     def refresh_node(self, name: str, now: float) -> None:
-        """Push a node's GPUs to the scheduler; schedulable unless cordoned or its heartbeat is stale."""
+        """Push a node's GPUs to the scheduler: only its sound GPU entries, schedulable unless cordoned
+        or its heartbeat is stale (or unreadable, or in the future)."""
         obj = self.gpunodes.get(name)
-        if obj is None or name in self.deleted_nodes:
+        if obj is None or name in self.deleted_nodes or not _reported(obj):
             return
-        status = obj.get("status") or {}
-        heartbeat = convert.timestamp(status.get("heartbeatTime"))
-        stale = bool(heartbeat) and now - heartbeat > self.config.heartbeat_stale_after_s
+        status = _mapping(obj.get("status"))
+        stale, lie = self._heartbeat(status, now)
         self.stale.discard(name) if not stale else self.stale.add(name)
-        cordoned = bool(((self.nodes.get(name) or {}).get("spec") or {}).get("unschedulable"))
+        cordoned = _mapping(_mapping(self.nodes.get(name)).get("spec")).get("unschedulable") is True
         why = "cordoned" if cordoned else "GPUNode heartbeat stale" if stale else ""
         node, errors = convert.node_from_gpunode(name, status, unschedulable=why)
+        node, refused = self._sound(node)
+        errors = [*errors, *refused, *([lie] if lie else [])]
         node = self._with_foreign_use(node, convert.reported_used_mib(status))
         if errors != self.gpunode_errors.get(name, []):
             for line in errors:
                 log.warning("GPUNode %s: rejected %s", name, line)
+            self.to_report.add(name)
         self.gpunode_errors[name] = errors
         self.scheduler.set_node(node)
+
+    def _heartbeat(self, status: Mapping[str, Any], now: float) -> tuple[bool, str | None]:
+        """(stale, what is wrong with it): missing, unreadable or future heartbeats count as stale."""
+        raw = status.get("heartbeatTime")
+        beat = convert.timestamp(raw)
+        if not beat:
+            return True, f"heartbeatTime {raw!r} is missing or not an RFC 3339 time: the GPUs take no new work"
+        if beat - now > MAX_CLOCK_SKEW_S:
+            return True, f"heartbeatTime {raw} is in the future: the GPUs take no new work"
+        return now - beat > self.config.heartbeat_stale_after_s, None
+
+    def _sound(self, node: Node) -> tuple[Node, list[str]]:
+        """The node's GPUs without those another node reports (by UUID) and those beyond the Node's
+        allocatable nvidia.com/gpu (the device plugin's count, when it runs)."""
+        refused: list[str] = []
+        kept = []
+        for gpu in node.gpus:
+            owner = self.uuid_owner.setdefault(gpu.uuid, node.name)
+            if owner != node.name:
+                refused.append(f"GPU {gpu.index}: uuid {gpu.uuid} is reported by node {owner} too")
+            else:
+                kept.append(gpu)
+        limit = allocatable_gpus(self.nodes.get(node.name))
+        if limit is not None and len(kept) > limit:
+            refused.append(f"{len(kept)} GPUs reported but the Node's allocatable nvidia.com/gpu is {limit}: "
+                           f"GPUs {[g.index for g in kept[limit:]]} refused")
+            kept = kept[:limit]
+        return replace(node, gpus=tuple(kept)), refused
+
+    def _release_uuids(self, name: str) -> None:
+        for uuid in [u for u, owner in self.uuid_owner.items() if owner == name]:
+            del self.uuid_owner[uuid]
 
     def _with_foreign_use(self, node: Node, used: Mapping[int, int]) -> Node:
         """Memory used beyond what gputask reserved (minus a tolerance) counts as foreign use,
@@ -152,16 +257,17 @@ class Inventory:
 
     def check_heartbeats(self, now: float) -> None:
         """Re-evaluate heartbeat staleness (time passes without events)."""
-        for name, obj in self.gpunodes.items():
-            beat = convert.timestamp((obj.get("status") or {}).get("heartbeatTime"))
-            stale = bool(beat) and now - beat > self.config.heartbeat_stale_after_s
+        for name, obj in list(self.gpunodes.items()):
+            stale, _ = self._heartbeat(_mapping(obj.get("status")), now)
             if stale != (name in self.stale):
                 self.refresh_node(name, now)
 
     # -- queues ---------------------------------------------------------------------------
     def on_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
         """Add, update or remove a GPUClusterQueue; an invalid spec removes it with an error."""
-        name = obj["metadata"]["name"]
+        name = _name(obj)
+        if name is None:
+            return
         if deleted:
             self.scheduler.remove_queue(name)
             self.queue_errors.pop(name, None)
@@ -177,8 +283,10 @@ class Inventory:
 
 
 def _track_value(into: dict[str, int], obj: Mapping[str, Any], deleted: bool) -> None:
-    name = obj["metadata"]["name"]
+    name = _name(obj)
     value = obj.get("value")
+    if name is None:
+        return
     if deleted:
         into.pop(name, None)
     elif isinstance(value, int) and not isinstance(value, bool):

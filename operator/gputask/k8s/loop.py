@@ -70,5 +70,6 @@ class SchedulingLoop:
             await executor.publish(controller.take_reports())
             await executor.retry_deletions()
             await executor.report_queues()
+            await executor.report_gpunodes()
             executor.metrics.refresh(controller.scheduler)
             return len(decisions)

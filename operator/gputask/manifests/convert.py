@@ -201,8 +201,8 @@ def _selector(raw: Any) -> LabelSelector:
     if not isinstance(raw, Mapping):
         raise InvalidQueueError(f"namespaceSelector must be a LabelSelector, got {raw!r}")
     labels = raw.get("matchLabels") or {}
-    if not isinstance(labels, Mapping):
-        raise InvalidQueueError(f"namespaceSelector.matchLabels must be a map, got {labels!r}")
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidQueueError(f"namespaceSelector.matchLabels must be a map of strings, got {labels!r}")
     raw_exprs = raw.get("matchExpressions") or []
     if not isinstance(raw_exprs, list):
         raise InvalidQueueError(f"namespaceSelector.matchExpressions must be a list, got {raw_exprs!r}")
@@ -211,7 +211,11 @@ def _selector(raw: Any) -> LabelSelector:
         op = e.get("operator") if isinstance(e, Mapping) else None
         if op not in ("In", "NotIn", "Exists", "DoesNotExist") or not isinstance(e.get("key"), str):
             raise InvalidQueueError(f"namespaceSelector.matchExpressions: invalid entry {e!r}")
-        exprs.append(LabelRequirement(e["key"], op, tuple(str(v) for v in e.get("values") or ())))
+        values = e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidQueueError(f"namespaceSelector.matchExpressions[{e['key']}].values must be a list of strings, "
+                                    f"got {values!r}")
+        exprs.append(LabelRequirement(e["key"], op, tuple(values)))
     return LabelSelector(tuple(sorted((str(k), str(v)) for k, v in labels.items())), tuple(exprs))
 
 
@@ -290,6 +294,10 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
             weight = math.ceil(quantity(fair.get("weight", 1), field="fairSharing.weight") * 1000)
         except ValueError as exc:
             raise InvalidQueueError(str(exc)) from None
+        if weight < 0:
+            raise InvalidQueueError(f"fairSharing.weight {fair.get('weight')!r} must not be negative")
+    elif fair is not None:
+        raise InvalidQueueError(f"fairSharing must be an object, got {fair!r}")
     return QueueSpec(
         name=name,
         cohort=cohort or None,
@@ -316,6 +324,7 @@ def node_from_gpunode(
     gpus: list[Gpu] = []
     errors: list[str] = []
     seen: set[int] = set()
+    uuids: set[str] = set()
     if status is not None and not isinstance(status, Mapping):
         return _node(name, (), unschedulable), [f"status must be an object, got {status!r}"]
     entries = (status or {}).get("gpus") or []
@@ -333,7 +342,11 @@ def node_from_gpunode(
         if gpu.index in seen:
             errors.append(f"status.gpus[{i}]: duplicate index {gpu.index}")
             continue
+        if gpu.uuid in uuids:
+            errors.append(f"status.gpus[{i}]: duplicate uuid {gpu.uuid}")
+            continue
         seen.add(gpu.index)
+        uuids.add(gpu.uuid)
         gpus.append(gpu)
     gpus.sort(key=lambda g: g.index)
     return _node(name, tuple(gpus), unschedulable), errors
@@ -354,8 +367,11 @@ def _gpu(raw: Any) -> Gpu:
         raise ValueError(f"uuid must be a non-empty string, got {uuid!r}")
     memory = to_mib(raw["memory"], field="memory")
     used_raw = raw.get("memoryUsed")
-    if used_raw is not None and quantity(used_raw, field="memoryUsed") < 0:
+    used = quantity(used_raw, field="memoryUsed") if used_raw is not None else Decimal(0)
+    if used < 0:
         raise ValueError(f"memoryUsed must not be negative, got {used_raw!r}")
+    if math.floor(used / MIB) > memory:
+        raise ValueError(f"memoryUsed {used_raw!r} is more than the GPU's memory {raw['memory']!r}")
     healthy = raw.get("healthy", True)
     if not isinstance(healthy, bool):
         raise ValueError(f"healthy must be a boolean, got {healthy!r}")

@@ -1,0 +1,159 @@
+"""Faults an operator meets on a real cluster, through the real kopf operator (the reliability issue).
+
+A GPUNode deleted while its Node is healthy, a grace period that a restart must not reset, and
+GPUNode reports that lie (a UUID on two nodes, more GPUs than the Node's allocatable, memory used
+above total, a heartbeat in the future): each is refused or waited out, never believed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Any
+
+from gputask.config import Config
+from gputask.k8s.client import EVENTS, GPUNODES, JOBS, NODES, NotFound
+from harness import Cluster, eventually, gpunode, gputask, running_operator
+
+A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
+
+
+def ago(seconds: float) -> str:
+    """An RFC 3339 time ``seconds`` in the past (negative: in the future)."""
+    moment = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+async def job_exists(cluster: Cluster, name: str) -> bool:
+    """True when the Job exists and is not being deleted."""
+    try:
+        job = await cluster.client.get(JOBS, name, "default")
+    except NotFound:
+        return False
+    return not job["metadata"].get("deletionTimestamp")
+
+
+async def evicted_reason(cluster: Cluster, name: str) -> str | None:
+    """The reason of the task's Evicted condition, once it has one."""
+    status = (await cluster.task(name)).get("status") or {}
+    found = [c["reason"] for c in status.get("conditions") or [] if c["type"] == "Evicted"]
+    return found[0] if found else None
+
+
+async def test_a_deleted_gpunode_on_a_healthy_node_gets_the_grace_period(cluster: Cluster) -> None:
+    """The agent's GPUNode disappears and comes back within the grace period: the running task stays;
+    gone for longer than the grace period, its tasks are evicted (NodeFailure)."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, Config(cycleInterval=0.2, nodeFailureGracePeriod=2)):
+        await cluster.submit(gputask("t", gpuMemory="4Gi"))
+        assert await eventually(lambda: job_exists(cluster, "t-1"))
+        body = gpunode("node-a", A10)
+        await cluster.client.delete(GPUNODES, "node-a")
+        await asyncio.sleep(0.8)
+        await cluster.client.create(GPUNODES, {k: v for k, v in body.items() if k != "status"})
+        await cluster.client.patch(GPUNODES, "node-a", {"status": body["status"]}, status=True)
+        await asyncio.sleep(2.0)  # past the grace period counted from the deletion: it came back in time
+        assert (await job_exists(cluster, "t-1"), await evicted_reason(cluster, "t")) == (True, None)
+        await cluster.client.delete(GPUNODES, "node-a")
+        assert await eventually(lambda: evicted_reason(cluster, "t"), timeout_s=10) == "NodeFailure"
+
+
+async def test_a_restart_does_not_reset_a_notready_nodes_grace_period(cluster: Cluster) -> None:
+    """The grace period runs from the Node's Ready transition (durable), not from when an operator saw it:
+    a node NotReady for 2.5 s of a 3 s grace is failed about half a second after a restart, not 3 s later."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    config = Config(cycleInterval=0.2, nodeFailureGracePeriod=3)
+    async with running_operator(cluster, config):
+        await cluster.submit(gputask("t", gpuMemory="4Gi"))
+        assert await eventually(lambda: job_exists(cluster, "t-1"))
+    down = {"status": {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ago(2.5)}]}}
+    await cluster.client.patch(NODES, "node-a", down, status=True)
+    async with running_operator(cluster, config):
+        started = asyncio.get_running_loop().time()
+        assert await eventually(lambda: evicted_reason(cluster, "t"), timeout_s=10) == "NodeFailure"
+        assert asyncio.get_running_loop().time() - started < 2.0
+
+
+async def accepted(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    """The Accepted condition the operator wrote into a GPUNode (type, status, reason, message)."""
+    status = (await cluster.client.get(GPUNODES, name)).get("status") or {}
+    found = [c for c in status.get("conditions") or [] if c["type"] == "Accepted"]
+    return {k: found[0][k] for k in ("status", "reason", "message")} if found else None
+
+
+async def test_a_lying_gpunode_is_refused_entry_by_entry_and_says_so(cluster: Cluster) -> None:
+    """A UUID already reported by another node, a GPU beyond the Node's allocatable nvidia.com/gpu and
+    memory used above total are refused (the GPUNode's Accepted condition and a Warning Event name them);
+    the sound GPU of that node still takes work."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_node("node-b", ("GPU-b-0", "NVIDIA-A10", "24Gi"), A10, ("GPU-b-2", "NVIDIA-A10", "24Gi"))
+    await cluster.client.patch(NODES, "node-b", {"status": {"allocatable": {"nvidia.com/gpu": "2"}}}, status=True)
+    body = gpunode("node-b", ("GPU-b-0", "NVIDIA-A10", "24Gi"), A10, ("GPU-b-2", "NVIDIA-A10", "24Gi"))
+    body["status"]["gpus"][0]["memoryUsed"] = "30Gi"
+    await cluster.client.patch(GPUNODES, "node-b", {"status": body["status"]}, status=True)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        why = (
+            "status.gpus[0]: memoryUsed '30Gi' is more than the GPU's memory '24Gi'; GPU 1: uuid GPU-a10-0 is "
+            "reported by node node-a too"
+        )
+        assert await eventually(lambda: accepted(cluster, "node-b")) == {
+            "status": "False",
+            "reason": "RefusedEntries",
+            "message": why,
+        }
+        events = [
+            (e["type"], e["reason"], e["message"])
+            for e in await cluster.client.list(EVENTS, "default")
+            if e["involvedObject"]["kind"] == "GPUNode"
+        ]
+        assert events == [("Warning", "GPUNodeRefused", why)]
+        for name in "abc":
+            await cluster.submit(gputask(name, gpuMemory="20Gi"))
+        assert await eventually(lambda: job_exists(cluster, "b-1"))
+        await asyncio.sleep(0.6)
+        statuses = [(await cluster.task(n))["status"] for n in "abc"]
+        placed = sorted(s["placement"]["gpus"][0]["uuid"] for s in statuses if s.get("placement"))
+        assert (placed, statuses[2]["phase"]) == (["GPU-a10-0", "GPU-b-2"], "Pending")
+
+
+async def test_a_gpunode_over_the_allocatable_count_keeps_only_that_many(cluster: Cluster) -> None:
+    """16 GPUs reported on a Node whose device plugin counts 2: only GPUs 0 and 1 take work, and the
+    condition says which were refused."""
+    gpus = [(f"GPU-{i}", "NVIDIA-A10", "24Gi") for i in range(16)]
+    await cluster.add_node("node-a", *gpus)
+    await cluster.client.patch(NODES, "node-a", {"status": {"allocatable": {"nvidia.com/gpu": "2"}}}, status=True)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        found = await eventually(lambda: accepted(cluster, "node-a"))
+        assert found["message"].startswith(
+            "16 GPUs reported but the Node's allocatable nvidia.com/gpu is 2: GPUs [2, 3"
+        )
+        for name in ("x", "y", "z"):
+            await cluster.submit(gputask(name))
+        assert await eventually(lambda: job_exists(cluster, "y-1"))
+        await asyncio.sleep(0.6)
+        status = (await cluster.task("z"))["status"]
+        assert (status["phase"], await job_exists(cluster, "z-1")) == ("Pending", False)
+
+
+async def test_a_heartbeat_in_the_future_is_not_believed(cluster: Cluster) -> None:
+    """An agent clock (or a hand edit) an hour ahead would never go stale: the node takes no new work."""
+    await cluster.add_node("node-a", A10)
+    await cluster.client.patch(GPUNODES, "node-a", {"status": {"heartbeatTime": ago(-3600)}}, status=True)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("t", gpuMemory="4Gi"))
+
+        async def waits() -> str | None:
+            status = (await cluster.task("t")).get("status") or {}
+            return status.get("message")
+
+        message = await eventually(waits)
+        assert message.startswith(
+            "no schedulable node has 1 GPU(s) 4096 MiB free each; 1 of 1 node(s) take no "
+            "new work (1 GPUNode heartbeat stale)"
+        )
+        assert (await accepted(cluster, "node-a"))["reason"] == "RefusedEntries"
