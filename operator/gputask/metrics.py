@@ -77,6 +77,11 @@ class OperatorMetrics:
         self.evictions = Counter("gputask_evictions_total", "Tasks evicted, by reason.", ["reason"], registry=r)
         self.reschedules = Counter("gputask_reschedules_total", "Re-placements after node or GPU failure.", registry=r)
         self.api_errors = Counter("gputask_api_errors_total", "Failed Kubernetes API calls.", registry=r)
+        self.strays = Counter(
+            "gputask_stray_jobs_deleted_total",
+            "Second live Jobs of one task found at a rebuild (a lost create answer, a stale leader), deleted.",
+            registry=r,
+        )
         self.adopted = Counter(
             "gputask_jobs_adopted_total",
             "Jobs found with another placement than the one just chosen, whose placement was taken over.",

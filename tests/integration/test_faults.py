@@ -12,7 +12,7 @@ import datetime as dt
 from typing import Any
 
 from gputask.config import Config
-from gputask.k8s.client import EVENTS, GPUNODES, JOBS, NODES, NotFound
+from gputask.k8s.client import EVENTS, GPUNODES, GPUTASKS, JOBS, NODES, NotFound
 from harness import Cluster, eventually, gpunode, gputask, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
@@ -157,3 +157,50 @@ async def test_a_heartbeat_in_the_future_is_not_believed(cluster: Cluster) -> No
             "new work (1 GPUNode heartbeat stale)"
         )
         assert (await accepted(cluster, "node-a"))["reason"] == "RefusedEntries"
+
+
+async def place_job(cluster: Cluster, task: dict[str, Any], attempt: int, uuid: str, mib: int) -> None:
+    """Create the Job an operator would have made for ``task`` on ``uuid`` (as a stale leader might have)."""
+    from gputask.core import GpuSlot, NodeName, Placement
+    from gputask.k8s.jobs import build_job
+
+    placement = Placement(NodeName("node-a"), (GpuSlot(0, uuid, mib),))
+    await cluster.client.create(JOBS, build_job(task, placement, attempt=attempt, queue="default"), "default")
+
+
+async def test_a_second_live_job_of_a_task_is_deleted_at_the_rebuild(cluster: Cluster) -> None:
+    """Two live Jobs of one task (a lost create answer, a stale leader): the one its status names stays,
+    the other is deleted, with a StrayJobDeleted Warning."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    task = await cluster.submit(gputask("t", gpuMemory="4Gi"))
+    await place_job(cluster, task, 1, "GPU-a10-0", 4096)
+    await place_job(cluster, task, 2, "GPU-a10-0", 4096)
+    status = {"phase": "Admitted", "jobName": "t-1", "attempt": 1}
+    await cluster.client.patch(GPUTASKS, "t", {"status": status}, "default", status=True)
+    async with running_operator(cluster):
+
+        async def gone() -> bool:
+            return not await job_exists(cluster, "t-2")
+
+        assert await eventually(gone)
+        warnings = [e for e in await cluster.events_for("t") if e[0] == "Warning"]
+        why = "Job t-2 was a second live Job of the task (its status names t-1); deleted"
+        assert (await job_exists(cluster, "t-1"), warnings) == (True, [("Warning", "StrayJobDeleted", why)])
+
+
+async def test_two_jobs_on_one_gpus_memory_leave_the_earlier_in_place(cluster: Cluster) -> None:
+    """A stale leader's Job and the new leader's on the same 24 GiB GPU with 20 GiB each: at the rebuild the
+    earlier Job keeps the GPU and the other task is evicted (PlacementConflict), so the books never hold both."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    first = await cluster.submit(gputask("first", gpuMemory="20Gi"))
+    second = await cluster.submit(gputask("second", gpuMemory="20Gi"))
+    await place_job(cluster, first, 1, "GPU-a10-0", 20480)
+    await place_job(cluster, second, 1, "GPU-a10-0", 20480)
+    for name in ("first", "second"):
+        status = {"phase": "Admitted", "jobName": f"{name}-1", "attempt": 1}
+        await cluster.client.patch(GPUTASKS, name, {"status": status}, "default", status=True)
+    async with running_operator(cluster) as op:
+        assert await eventually(lambda: evicted_reason(cluster, "second")) == "PlacementConflict"
+        assert (await job_exists(cluster, "first-1"), op.controller.scheduler.violations()) == (True, [])

@@ -380,6 +380,20 @@ class ClusterState:
         return self._reservations
 
     # -- checks ----------------------------------------------------------------------------
+    def overcommitted(self, placement: Placement) -> bool:
+        """Whether a GPU of ``placement`` holds more MiB than it has, or is shared while held whole."""
+        if not self.has_node(placement.node):
+            return False
+        state = self.node(placement.node)
+        for slot in placement.gpus:
+            pos = state.position.get(slot.index)
+            if pos is None:
+                continue
+            holders = sum(1 for p in state.tasks.values() if slot.index in p.indices)
+            if state.reserved_mib[pos] > state.node.gpus[pos].memory_mib or (state.exclusive[pos] and holders > 1):
+                return True
+        return False
+
     def violations(self) -> list[str]:
         """Broken invariants as human-readable lines (empty when all hold)."""
         out: list[str] = []

@@ -192,18 +192,22 @@ class Scheduler:
         if self.ledger.get(task.key) is None:
             self.pending.push(task)
 
-    def restore(self, task: Task, placement: Placement, admitted_at: float = 0.0, *, charge: bool = True) -> None:
+    def restore(self, task: Task, placement: Placement, admitted_at: float = 0.0, *, charge: bool = True) -> bool:
         """Record a task already running with ``placement`` (after a restart): never refused.
 
-        ``charge=False`` records a placement whose quota Kueue books (Kueue mode).
+        ``charge=False`` records a placement whose quota Kueue books (Kueue mode). Returns False
+        when the placement over-commits a GPU with what was restored before it (two beliefs about
+        one GPU: the caller resolves it, e.g. by evicting the later one).
         """
         if task.key in self.ledger.running:
-            return
+            return True
         self.pending.discard(task.key)
         self.ledger.restore(task, placement, admitted_at, charge=charge)
         self.health.restored(task.key, placement)
         if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
             self._carry.extend(self._evict_failed(self.health.take()))
+            return True
+        return not self.cluster.overcommitted(placement)
 
     def hold(self, key: TaskKey, placement: Placement, *, fit: bool = False) -> Placement | None:
         """Keep a departing workload's GPUs (a terminating Job) until :meth:`finish` of ``key``.

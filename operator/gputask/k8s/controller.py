@@ -45,6 +45,7 @@ log = logging.getLogger("gputask.controller")
 PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
 JOB_DELETED = "JobDeleted"
 PODS_NOT_STARTING = "PodsNotStarting"
+PLACEMENT_CONFLICT = "PlacementConflict"
 STARTED_POD_PHASES = ("Running", "Succeeded", "Failed")
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
@@ -60,6 +61,7 @@ class JobRecord:
     placement: Placement | None
     outcome: str | None = None  # Succeeded | Failed | None while running
     terminating: bool = False
+    created: str = ""  # metadata.creationTimestamp (RFC 3339 sorts as time)
 
     @property
     def key(self) -> str:
@@ -70,7 +72,8 @@ class JobRecord:
 @dataclass(frozen=True, slots=True)
 class Report:
     """Something the loop must publish about a task: ``kind`` is invalid, blocked, spec-ignored,
-    finished (``detail`` = outcome), running or restored (``detail`` = message)."""
+    finished (``detail`` = outcome), running, restored (``detail`` = message), delete-job, or
+    stray-job (``detail`` = the Job to delete: a second live Job of the task)."""
 
     kind: str
     record: TaskRecord
@@ -106,6 +109,7 @@ def job_record(obj: Mapping[str, Any]) -> JobRecord | None:
         parse_placement(annotations.get(PLACEMENT_ANNOTATION)),
         job_outcome(obj),
         bool(meta.get("deletionTimestamp")),
+        str(meta.get("creationTimestamp") or ""),
     )
 
 
@@ -136,6 +140,7 @@ class Controller:
         self.blocked_on: dict[str, set[TaskKey]] = {}  # (Workload)PriorityClass name -> tasks waiting for it
         self.outbox: list[Report] = []
         self.start_deadlines: list[tuple[float, TaskKey, int]] = []  # heap: (deadline s, task, attempt)
+        self._restoring: list[tuple[str, TaskRecord]] | None = None  # during a rebuild: (Job created, record)
         self.pod_problems: dict[str, str] = {}  # Job key -> why its pod does not start (Unschedulable)
 
     # -- lookups ------------------------------------------------------------------------------------
@@ -395,7 +400,7 @@ class Controller:
         if status.get("phase") in FINISHED_PHASES:
             record.phase = status["phase"]
             return
-        job = self.job_of(record)
+        job = self._booked_job(record, status.get("jobName"))
         if job is None or job.placement is None:
             return
         if job.outcome is not None:  # it ended while no operator watched: say so now
@@ -410,9 +415,31 @@ class Controller:
         record.phase = RUNNING if status.get("phase") == RUNNING else ADMITTED
         record.attempt, record.job_name, record.placement = job.attempt, job.name, job.placement
         self.scheduler.set_reschedules(record.key, record.reschedules)
-        self.scheduler.restore(record.task, job.placement, time.time())
+        if self._restoring is not None:
+            self._restoring.append((job.created, record))  # restored in Job creation order (rebuild)
+        else:
+            self._restore(record)
         if record.phase == ADMITTED:  # the pod-start deadline runs on from the admission, not the restart
             self.started(record, convert.timestamp(record.admitted_at) or time.time())
+
+    def _booked_job(self, record: TaskRecord, named: Any) -> JobRecord | None:
+        """The Job the books (status.jobName) name if it is live, else the newest live one; any other live
+        Job of the task is a stray (a lost create answer, a stale leader) and is reported for deletion."""
+        live = [j for j in self.jobs_of_task.get(record.uid, {}).values() if not j.terminating and j.outcome is None]
+        booked = next((j for j in live if j.name == named), None) or self.job_of(record)
+        for job in live:
+            if booked is not None and job.key != booked.key:
+                self.outbox.append(Report("stray-job", record, job.key))
+        return booked
+
+    def _restore(self, record: TaskRecord) -> None:
+        """Put a placed task back in the books; one that over-commits a GPU with what came before it
+        (two Jobs on one GPU's memory) is evicted: the earlier Job keeps the GPU."""
+        assert record.task is not None and record.placement is not None
+        if not self.scheduler.restore(record.task, record.placement, time.time()):
+            node = record.placement.node
+            message = f"Job {record.job_name} shares a GPU of {node} with an earlier Job beyond its memory"
+            self.scheduler.evict(record.key, PLACEMENT_CONFLICT, message)
 
     def on_task_deleted(self, obj: Mapping[str, Any]) -> TaskRecord | None:
         """A GPUTask is gone (or being deleted): forget it; its Job keeps its GPUs until it is gone too."""
@@ -444,6 +471,7 @@ class Controller:
         gpunodes, queues, jobs, tasks) to lists of object dicts.
         """
         self.reset()
+        self._restoring = []
         now = time.time() if now is None else now
         inv = self.inventory
         for obj in objects.get("priorityclasses", ()):
@@ -465,6 +493,9 @@ class Controller:
         for obj in tasks:
             if not obj["metadata"].get("deletionTimestamp"):
                 self.on_task(obj)
+        restoring, self._restoring = sorted(self._restoring, key=lambda item: (item[0], item[1].key)), None
+        for _, record in restoring:
+            self._restore(record)
         for job in jobs:
             record = self.by_uid.get(job.task_uid)
             if job.terminating or record is None or record.job_name != job.name:

@@ -294,6 +294,14 @@ class Executor:
                 await t.publish(record, report.detail)
             elif report.kind == "delete-job":
                 await self.delete_job(record)
+            elif report.kind == "stray-job" and report.detail in self.controller.jobs:
+                job = self.controller.jobs[report.detail]
+                self.metrics.strays.inc()
+                self.deletions[job.key] = Deletion(job, "Background")
+                await self.delete(job.key)
+                message = (f"Job {job.name} was a second live Job of the task (its status names "
+                           f"{record.job_name}); deleted")
+                await t.note(record, "Warning", "StrayJobDeleted", message)
 
     async def report_gpunodes(self) -> None:
         """Write the Accepted condition of each GPUNode whose refused entries changed; a Warning Event
