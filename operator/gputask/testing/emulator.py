@@ -16,6 +16,7 @@ import collections
 import copy
 import dataclasses
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -51,18 +52,31 @@ from gputask.testing._store import (
     not_found,
 )
 
-RECORDS_SIZE = 5_000  # requests kept for kmock's request assertions (bounded for `make demo`)
+RECORDS_SIZE = 8  # requests kept in kmock's records: its dispatch scans them all for every payload, every request
 ANSWERS = 10_000  # writes kept in GpuTaskEmulator.answers
+
+
+@dataclasses.dataclass(slots=True)
+class Injection:
+    """A refusal to answer instead of serving: method, a path fragment, status, how many times more."""
+
+    method: str
+    path: str
+    status: int
+    times: int
+    message: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Answer:
-    """One write request as answered: method, path, HTTP status, the ``fieldManager`` it named."""
+    """One write request as answered: method, path, HTTP status, the ``fieldManager`` it named, when
+    (``time.monotonic()`` seconds)."""
 
     method: str
     path: str
     status: int
     manager: str | None = None
+    at: float = 0.0
 
 
 @attrs.define(kw_only=True)
@@ -80,6 +94,7 @@ class GpuTaskEmulator(KubernetesEmulator):
 
     store: Store = attrs.field(init=False)
     answers: collections.deque[Answer] = attrs.field(init=False, factory=lambda: collections.deque(maxlen=ANSWERS))
+    injected: list[Injection] = attrs.field(init=False, factory=list)
 
     def __attrs_post_init__(self) -> None:
         # Skip KubernetesEmulator's own CRUD fallbacks; keep the scaffold's discovery and 404s.
@@ -113,12 +128,27 @@ class GpuTaskEmulator(KubernetesEmulator):
 
     # -- HTTP plumbing ------------------------------------------------------------------------
 
+    def inject(self, method: str, path_part: str, status: int, *, times: int = 1, message: str = "") -> None:
+        """Answer the next ``times`` ``method`` requests whose path contains ``path_part`` with ``status``
+        (a metav1 Status as the API server sends it: 409 Conflict, 500 InternalError, ...)."""
+        self.injected.append(Injection(method.upper(), path_part, status, times, message))
+
+    def _injected(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:
+        for injection in self.injected:
+            if injection.times > 0 and injection.method == raw_request.method and injection.path in raw_request.path:
+                injection.times -= 1
+                reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests",
+                          403: "Forbidden"}.get(injection.status, "Unknown")
+                body = _http.status_body(injection.status, reason, injection.message or f"injected {injection.status}")
+                return aiohttp.web.json_response(body, status=injection.status)
+        return None
+
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """Serve one HTTP request and log its answer in :attr:`answers` (writes only)."""
-        response = await self._serve_one(raw_request)
+        response = self._injected(raw_request) or await self._serve_one(raw_request)
         if raw_request.method not in ("GET", "HEAD"):
-            manager = raw_request.query.get("fieldManager")
-            self.answers.append(Answer(raw_request.method, raw_request.path, response.status, manager))
+            manager, at = raw_request.query.get("fieldManager"), time.monotonic()
+            self.answers.append(Answer(raw_request.method, raw_request.path, response.status, manager, at))
         return response
 
     async def _serve_one(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
