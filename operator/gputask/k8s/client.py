@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from gputask import __version__
 
 MERGE_PATCH = "application/merge-patch+json"
+REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long fails (ApiError 0 Unreachable) instead of holding a thread
 
 
 class ApiError(Exception):
@@ -188,11 +189,17 @@ class KubeClient:
     """:class:`KubeApi` over a ``kubernetes`` ApiClient, on a thread pool of ``workers`` threads."""
 
     def __init__(
-        self, api: k8s_client.ApiClient, *, workers: int = 16, field_manager: str = "gputask-operator"
+        self,
+        api: k8s_client.ApiClient,
+        *,
+        workers: int = 16,
+        field_manager: str = "gputask-operator",
+        timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self._api = api
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=field_manager)
         self.field_manager = field_manager
+        self.timeout_s = timeout_s  # per request, in all: a server that hangs costs a thread this long, no more
 
     async def _call(
         self,
@@ -219,7 +226,9 @@ class KubeClient:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            response = self._api.call_api(verb, url, header_params=headers, body=payload, post_params=post)
+            response = self._api.call_api(
+                verb, url, header_params=headers, body=payload, post_params=post, _request_timeout=self.timeout_s
+            )
             response.read()
             return response.status, response.data or b"", response.reason or ""
 

@@ -10,6 +10,9 @@ client-go's leaderelection, in short (k8s.io/client-go/tools/leaderelection):
 - the holder steps down as soon as it has not renewed for ``renew_deadline_s`` (RenewDeadline,
   10 s), before anyone else may take over, and :meth:`LeaderElector.leading` turns False at that
   deadline even if the loop that would notice is late: every write asks it (the Writer's fence);
+  a renewal that succeeds only after the deadline does not undo the step-down (writes were dropped
+  in between, so the replica rebuilds from the API before it leads again); each attempt is given
+  ``renew_deadline_s`` to answer (client-go's renew context);
 - becoming the leader starts ``on_started`` as a task of its own (the rebuild must not stop the
   renewals); losing the lead cancels it, calls ``on_stopped`` and goes on campaigning;
 - stopping (cancellation) releases the Lease so a standby takes over without waiting.
@@ -60,21 +63,26 @@ class LeaderElector:
 
     def leading(self) -> bool:
         """True while this replica holds the Lease and renewed it within the renew deadline."""
-        return self.is_leader and self.clock() - self.renewed_at < self.renew_deadline_s
+        return self.is_leader and self._fresh()
+
+    def _fresh(self) -> bool:
+        return self.clock() - self.renewed_at < self.renew_deadline_s
 
     async def run(self, on_started: Callable[[], Awaitable[None]], on_stopped: Callable[[], Awaitable[None]]) -> None:
         """Campaign and renew until cancelled; a lost lead is followed by a new campaign."""
         leading_task: asyncio.Task[None] | None = None
         try:
             while True:
-                if await self.try_acquire_or_renew():
-                    if not self.is_leader:
-                        self.is_leader = True
-                        self.transitions += 1
-                        log.info("%s became the leader", self.identity)
-                        leading_task = asyncio.create_task(on_started(), name="gputask-lead")
-                elif self.is_leader and not self.leading():
+                before = self.renewed_at
+                held = await self._attempt()
+                if self.is_leader and (not self.leading() or self.renewed_at - before >= self.renew_deadline_s):
+                    # past the deadline, even if renewed late: writes were fenced meanwhile, so rebuild
                     leading_task = await self._step_down(leading_task, on_stopped)
+                if held and not self.is_leader and self._fresh():
+                    self.is_leader = True
+                    self.transitions += 1
+                    log.info("%s became the leader", self.identity)
+                    leading_task = asyncio.create_task(on_started(), name="gputask-lead")
                 await asyncio.sleep(self.retry_s)
         finally:
             if self.is_leader:
@@ -94,6 +102,14 @@ class LeaderElector:
                 await leading_task
         await on_stopped()
         return None
+
+    async def _attempt(self) -> bool:
+        """:meth:`try_acquire_or_renew`, given ``renew_deadline_s`` to answer (client-go's renew context)."""
+        try:
+            return await asyncio.wait_for(self.try_acquire_or_renew(), self.renew_deadline_s)
+        except TimeoutError:
+            log.warning("the Lease %s/%s did not answer within %gs", self.namespace, self.name, self.renew_deadline_s)
+            return False
 
     async def try_acquire_or_renew(self) -> bool:
         """One election step; True when this identity holds the Lease afterwards."""

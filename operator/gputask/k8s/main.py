@@ -23,7 +23,9 @@ def build_operator(config: Config, *, kubeconfig: str | None = None) -> Operator
     operator = Operator(
         config,
         KubeClient(api, workers=config.api_concurrency),
-        lease_client=KubeClient(lease_api, workers=2, field_manager="gputask-operator-lease"),
+        lease_client=KubeClient(
+            lease_api, workers=2, field_manager="gputask-operator-lease", timeout_s=config.lease_renew_deadline_s
+        ),
     )
     conf = api.configuration
 
