@@ -11,8 +11,12 @@ import asyncio
 import datetime as dt
 from typing import Any
 
+import pytest
+from kubernetes import client as k8s_client
+
 from gputask.config import Config
-from gputask.k8s.client import EVENTS, GPUNODES, GPUTASKS, JOBS, NODES, NotFound
+from gputask.k8s.client import EVENTS, GPUNODES, GPUTASKS, JOBS, LEASES, NODES, ApiError, KubeClient, NotFound
+from gputask.k8s.main import build_operator, run_operator
 from harness import Cluster, eventually, gpunode, gputask, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
@@ -204,3 +208,93 @@ async def test_two_jobs_on_one_gpus_memory_leave_the_earlier_in_place(cluster: C
     async with running_operator(cluster) as op:
         assert await eventually(lambda: evicted_reason(cluster, "second")) == "PlacementConflict"
         assert (await job_exists(cluster, "first-1"), op.controller.scheduler.violations()) == (True, [])
+
+
+
+async def test_a_server_that_never_answers_fails_the_request_at_its_timeout() -> None:
+    """A connection accepted and then never answered (an overloaded or partitioned API server) costs a
+    request ``timeout_s``, not a thread for ever (the operator's Lease client uses the renew deadline)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def hang(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    configuration = k8s_client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    configuration.retries = 0
+    client = KubeClient(k8s_client.ApiClient(configuration), workers=1, timeout_s=0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        with pytest.raises(ApiError) as refused:
+            await asyncio.wait_for(client.get(LEASES, "gputask-operator", "default"), 30)  # 30: the test's own bound
+    finally:
+        await client.close()
+        server.close()
+    assert accepted and (refused.value.status, refused.value.reason) == (0, "Unreachable")
+    assert loop.time() - started >= 0.5
+
+
+async def phase_of(cluster: Cluster, name: str) -> str | None:
+    """The task's phase, once it exists and has one."""
+    try:
+        return ((await cluster.task(name)).get("status") or {}).get("phase")
+    except NotFound:
+        return None
+
+
+async def test_a_job_that_completed_while_no_operator_ran_makes_its_task_succeed_at_the_rebuild(
+    cluster: Cluster,
+) -> None:
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("t", gpuMemory="4Gi"))
+        assert await eventually(lambda: job_exists(cluster, "t-1"))
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+    await cluster.client.patch(JOBS, "t-1", done, "default", status=True)
+    async with running_operator(cluster):
+
+        async def succeeded() -> bool:
+            return await phase_of(cluster, "t") == "Succeeded"
+
+        assert await eventually(succeeded)
+
+
+async def test_events_that_arrive_while_a_new_leader_lists_are_fed_after_its_rebuild(cluster: Cluster) -> None:
+    """Between the new leader's listing and the end of its rebuild a task is created and a Job completes:
+    the watch events of both are kept and fed afterwards, so the task gets a status and the other succeeds."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("early", gpuMemory="4Gi"))
+        assert await eventually(lambda: job_exists(cluster, "early-1"))
+    operator = build_operator(
+        Config(cycleInterval=0.2, leaderElection=True, leaseDuration=3, leaseRenewDeadline=2, leaseRenewInterval=0.5),
+        kubeconfig=str(cluster.kubeconfig),
+    )
+    listed = operator._list_all
+
+    async def list_then_change() -> dict[str, list[dict[str, Any]]]:
+        objects = await listed()
+        await cluster.submit(gputask("late", gpuMemory="4Gi"))
+        done = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+        await cluster.client.patch(JOBS, "early-1", done, "default", status=True)
+        await asyncio.sleep(1.0)  # the watch events arrive now, before the rebuild uses the listing
+        return objects
+
+    operator._list_all = list_then_change  # type: ignore[method-assign]
+    stop, ready = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(run_operator(operator, stop_flag=stop, ready_flag=ready))
+    try:
+        await asyncio.wait_for(ready.wait(), timeout=15)
+
+        async def both() -> bool:
+            return (await phase_of(cluster, "early"), await phase_of(cluster, "late")) == ("Succeeded", "Admitted")
+
+        assert await eventually(both)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=15)
+        await operator.client.close()

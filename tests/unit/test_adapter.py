@@ -146,6 +146,25 @@ async def test_a_refused_job_is_not_tried_again_before_its_backoff() -> None:
     assert (parts.job_creates(), parts.status("t")["phase"]) == (["t-1", "t-1"], "Admitted")
 
 
+async def test_a_refused_status_write_is_written_later_with_its_event_and_nothing_is_lost() -> None:
+    """The Job is created but the API server answers the status patch 500 twice: the status (and the
+    Admitted Event, posted after it) waits for the backoff, then is written; one Event, not three."""
+    parts = Parts()
+    parts.client.fail("patch-status", "gputasks", status=500, message="etcdserver: request timed out", times=2)
+    parts.submit("t", gpuMemory="8Gi")
+    await parts.loop.run_once()
+    assert (parts.job_creates(), parts.status("t"), parts.client.all(EVENTS, "ns")) == (["t-1"], {}, [])
+    transitions = parts.executor.transitions
+    await transitions.retry(now=time.monotonic())  # before the 1 s backoff: not tried
+    assert parts.status("t") == {}
+    await transitions.retry(now=time.monotonic() + 1.5)  # refused again: now 2 s
+    await transitions.retry(now=time.monotonic() + 2.5)
+    assert admitted_view(parts.status("t"))[::2] == ("Admitted", {"node": "node-a", "gpus": [
+        {"index": 0, "uuid": "GPU-0", "memory": 8192}]})
+    assert [e["reason"] for e in parts.client.all(EVENTS, "ns")] == ["Admitted"]
+    assert transitions.unwritten == {}
+
+
 async def test_an_existing_job_with_another_placement_is_adopted() -> None:
     """409 on create: our Job already exists on GPU 0 with 4 GiB, not the 8 GiB just chosen: its placement wins."""
     parts = Parts()

@@ -67,6 +67,12 @@ class Executor:
         self._queue_reports: dict[str, dict[str, Any]] = {}
         self._limit = asyncio.Semaphore(concurrency)
 
+    def reset(self) -> None:
+        """Forget the deletions and status writes still to retry (a rebuild finds again what is owed)."""
+        self.deletions.clear()
+        self.transitions.unwritten.clear()
+        self._queue_reports.clear()
+
     # -- decisions ------------------------------------------------------------------------------------
     async def apply(self, decisions: Iterable[Decision]) -> None:
         """Apply decisions: one task's in order (an Evict before its re-Admit), tasks concurrently."""

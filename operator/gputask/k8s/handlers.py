@@ -53,6 +53,7 @@ from gputask.metrics import OperatorMetrics
 log = logging.getLogger("gputask.handlers")
 
 Handler = Callable[..., Coroutine[Any, Any, None]]
+REBUILD_RETRY_S = 5.0
 
 REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "priorityclasses": (PRIORITYCLASSES, None),
@@ -113,6 +114,7 @@ class Operator:
             objects = await self._list_all()
             async with self.gate:
                 self.controller.foreign.reset(objects["pods"])
+                self.executor.reset()
                 self.controller.rebuild(objects)
                 await self.kueue.rebuild(objects.get("workloads", []))
             listed = {_identity(o): _version(o) for kind in objects.values() for o in kind}
@@ -145,9 +147,15 @@ class Operator:
         return True
 
     async def lead(self) -> None:
-        """Become the scheduling instance: rebuild, then run the loop."""
+        """Become the scheduling instance: rebuild (again after a failure, every 5 s), then run the loop."""
         self.leading = True
-        await self.rebuild()
+        while True:
+            try:
+                await self.rebuild()
+                break
+            except Exception:  # a listing refused, or a bug: retry rather than lead without a loop
+                log.exception("rebuilding the operator's state failed; retried in 5s")
+                await asyncio.sleep(REBUILD_RETRY_S)
         self.loop.start()
         self.loop.wake()
         self.kueue.start()

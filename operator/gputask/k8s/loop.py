@@ -69,6 +69,7 @@ class SchedulingLoop:
                     self.wake()  # evictions requeue work and free capacity: look again soon
             await executor.publish(controller.take_reports())
             await executor.retry_deletions()
+            await executor.transitions.retry()
             await executor.report_queues()
             await executor.report_gpunodes()
             executor.metrics.refresh(controller.scheduler)

@@ -16,6 +16,7 @@ call. The phases (DESIGN.md section 2):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,10 @@ PENDING, ADMITTED, RUNNING, SUCCEEDED, FAILED = "Pending", "Admitted", "Running"
 FINISHED_PHASES = (SUCCEEDED, FAILED)
 PLACED_PHASES = (ADMITTED, RUNNING)
 CONFLICT_RETRIES = 5
+STATUS_RETRY_S = 1.0  # a refused status write is tried again after 1 s, doubling ...
+STATUS_RETRY_MAX_S = 60.0  # ... up to a minute
+MAX_KEPT_EVENTS = 8  # Events kept with an unwritten status, posted once it is written
+WRITTEN, REFUSED, GONE = "written", "refused", "gone"
 API_VERSION = "gputask.io/v1alpha1"
 
 
@@ -41,6 +46,18 @@ class Backoff:
     failures: int = 0
     retry_at: float = 0.0
     generation: int = 0
+
+
+@dataclass(slots=True)
+class Unwritten:
+    """A status the API server refused: the record, its message, the Events to post after it,
+    failures so far and the next try (monotonic seconds)."""
+
+    record: TaskRecord
+    message: str
+    events: list[tuple[str, str, str]]
+    failures: int
+    retry_at: float
 
 
 @dataclass(slots=True)
@@ -153,6 +170,7 @@ class Transitions:
     def __init__(self, writer: Writer) -> None:
         self.writer = writer
         self.conflicts = 0  # status writes answered 409, retried after a fresh read
+        self.unwritten: dict[TaskKey, Unwritten] = {}  # refused status writes, tried again by retry()
 
     # -- transitions -------------------------------------------------------------------------------
     async def admitted(
@@ -260,15 +278,37 @@ class Transitions:
         }
 
     async def publish(self, record: TaskRecord, message: str, event: tuple[str, str, str] | None = None) -> None:
-        """Write the status the record stands for, then post ``event`` (type, reason, message)."""
-        if await self.write_status(record, message) and event is not None:
-            await self.writer.event(record.involved(), *event)
+        """Write the status the record stands for, then post ``event`` (type, reason, message).
 
-    async def write_status(self, record: TaskRecord, message: str) -> bool:
-        """Patch the GPUTask's status with optimistic concurrency; False when it was not written.
+        A write the API server refused (5xx, 429, conflicts past :data:`CONFLICT_RETRIES`) is kept
+        with its Events and tried again after a backoff (:meth:`retry`); a newer status for the
+        same task replaces it. A task deleted meanwhile, or a write fenced because this replica
+        stopped leading, is not kept: there is nothing to write, or the next leader writes it.
+        """
+        pending = self.unwritten.pop(record.key, None)
+        events = [*(pending.events if pending else ()), *([event] if event else [])]
+        outcome = await self.write_status(record, message)
+        if outcome == WRITTEN:
+            for each in events:
+                await self.writer.event(record.involved(), *each)
+        elif outcome == REFUSED:
+            failures = (pending.failures if pending else 0) + 1
+            retry_at = time.monotonic() + min(STATUS_RETRY_MAX_S, STATUS_RETRY_S * 2 ** (failures - 1))
+            self.unwritten[record.key] = Unwritten(record, message, events[-MAX_KEPT_EVENTS:], failures, retry_at)
+
+    async def retry(self, now: float | None = None) -> None:
+        """Write again the statuses whose backoff has passed (``now``: monotonic seconds)."""
+        now = time.monotonic() if now is None else now
+        for key, pending in list(self.unwritten.items()):
+            if pending.retry_at <= now and self.unwritten.get(key) is pending:  # not replaced meanwhile
+                await self.publish(pending.record, pending.message)
+
+    async def write_status(self, record: TaskRecord, message: str) -> str:
+        """Patch the GPUTask's status with optimistic concurrency: WRITTEN, REFUSED (try again) or GONE.
 
         The patch carries the resourceVersion last seen; on 409 Conflict the object is read
-        again (stopping if it was deleted or re-created under a new uid) and the write retried.
+        again (GONE if it was deleted or re-created under a new uid) and the write retried.
+        GONE also when this replica is fenced (not leading): the next leader writes it.
         """
         status = self.status_of(record, message)
         for _ in range(CONFLICT_RETRIES):
@@ -278,33 +318,35 @@ class Transitions:
                 stored = await self.writer.patch(GPUTASKS, meta["name"], body, record.namespace, status=True)
             except Conflict:
                 self.conflicts += 1
-                if not await self._refresh(record):
-                    return False
+                fresh = await self._refresh(record)
+                if fresh != WRITTEN:
+                    return fresh
                 continue
-            except NotFound:
-                return False  # deleted meanwhile
-            except Fenced:
-                return False
+            except (NotFound, Fenced):
+                return GONE
             except ApiError as exc:
-                log.warning("status patch of %s failed: %s", record.key, exc)
-                return False
+                log.warning("status patch of %s failed: %s; tried again later", record.key, exc)
+                return REFUSED
             meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", meta.get("resourceVersion"))
             record.obj["status"] = stored.get("status", status)
-            return True
-        log.warning("status patch of %s kept conflicting; the next change will write it", record.key)
-        return False
+            return WRITTEN
+        log.warning("status patch of %s kept conflicting; tried again later", record.key)
+        return REFUSED
 
-    async def _refresh(self, record: TaskRecord) -> bool:
-        """Re-read the GPUTask after a conflict; False when it is gone or is another object now."""
+    async def _refresh(self, record: TaskRecord) -> str:
+        """Re-read the GPUTask after a conflict: WRITTEN (read, write again), GONE (deleted, or another
+        object now) or REFUSED (the read failed)."""
         try:
             fresh = await self.writer.client.get(GPUTASKS, record.name, record.namespace)
+        except NotFound:
+            return GONE
         except ApiError:
-            return False
+            return REFUSED
         if fresh["metadata"].get("uid") != record.uid:
-            return False
+            return GONE
         # Only the resourceVersion: the spec and labels change through the watch, which compares them.
         record.obj["metadata"]["resourceVersion"] = fresh["metadata"].get("resourceVersion")
-        return True
+        return WRITTEN
 
 
 def status_behind(record: TaskRecord) -> bool:
