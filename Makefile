@@ -13,7 +13,7 @@ HELM ?= $(abspath $(TOOLS))/bin/helm
 export HELM
 
 .DEFAULT_GOAL := help
-.PHONY: help install helm test demo demo-keep bench bench-speed lint e2e clean
+.PHONY: help install helm test demo demo-keep bench bench-speed chaos-e2e lint e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ bench: $(STAMP) ## Trace benchmark: 17 pod lists x policies x SEEDS (JOBS worker
 
 bench-speed: $(STAMP) ## Placements/s on one core: trace cluster and a 5,000-node synthetic cycle (bench/results/speed.json)
 	$(PY) bench/speed.py --trace-dir $(TRACE_DIR) --out bench/results/speed.json
+
+chaos-e2e: $(STAMP) ## Faults on two real operator processes (kill, pause, 500s, 409s, GPUNode gone): 300 tasks, 8 nodes, 20 faults
+	$(PY) tests/chaos_e2e.py --tasks 300 --nodes 8 --faults 20 --seed 1
 
 lint: $(STAMP) ## ruff and mypy (strict on the core)
 	$(VENV)/bin/ruff check operator tests
