@@ -14,7 +14,7 @@ for f in ../shared/scenarios/*.yaml; do
   done
 done
 for seed in 1 2 3; do
-  "$gputask" scenario chaos --nodes 40 --tasks 400 --seed "$seed" --write "$out/chaos.$seed.yaml" > "$out/chaos.$seed.json"
+  "$gputask" scenario chaos --nodes 40 --tasks 400 --seed "$seed" --load 1 --write "$out/chaos.$seed.yaml" > "$out/chaos.$seed.json"
   "$gputask" scenario run "$out/chaos.$seed.yaml" --output json > "$out/chaos.$seed.run.json"
 done
 if [ -d "$trace" ]; then

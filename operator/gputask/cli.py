@@ -46,6 +46,9 @@ def scenario_chaos(
     nodes: Annotated[int, typer.Option(min=1, help="GPU nodes.")] = 300,
     tasks: Annotated[int, typer.Option(min=1, help="Tasks submitted.")] = 3000,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same scenario).")] = 1,
+    load: Annotated[
+        float, typer.Option(min=0.1, help="Arrival rate relative to the base mix (3: queues contend and preempt).")
+    ] = 3.0,
     write: Annotated[Path | None, typer.Option(help="Also write the generated scenario YAML here.")] = None,
 ) -> None:
     """Generate and run a randomized scenario with failures, restarts and deletions; exit 1 on any violation."""
@@ -56,7 +59,7 @@ def scenario_chaos(
     from gputask.sim.chaos import generate, summarize
     from gputask.sim.scenario import run_scenario
 
-    doc = generate(seed=seed, nodes=nodes, tasks=tasks)
+    doc = generate(seed=seed, nodes=nodes, tasks=tasks, load=load)
     if write is not None:
         write.write_text(yaml.safe_dump(doc, sort_keys=False))
     summary = summarize(run_scenario(doc), tasks)

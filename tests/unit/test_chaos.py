@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from gputask.sim.chaos import generate, summarize
@@ -23,3 +26,89 @@ def test_chaos_run_accounts_for_every_task_without_violations(seed: int) -> None
     assert kinds == {"submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "restartOperator"}
     assert (summary["accountedFor"], summary["violations"], sum(summary["phases"].values())) == (400, [], 400)
     assert set(summary["phases"]) <= {"Succeeded", "Deleted", "Failed", "Pending", "Running"}
+
+
+def _planted_bugs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Two core bugs: every 40th task that succeeds keeps its reservation; every 25th reservation counts
+    its MiB twice on its GPUs while it lasts (so a GPU can seem over-committed)."""
+    from gputask.core.cluster import ClusterState
+    from gputask.core.scheduler import Scheduler
+    from gputask.sim import scenario
+
+    calls = {"finish": 0, "reserve": 0, "succeeding": 0}
+    doubled: set[Any] = set()
+    finish, reserve, release = Scheduler.finish, ClusterState.reserve, ClusterState.release
+    succeed = scenario._Run._finish
+
+    def succeeding(self: Any, now: float, record: Any, attempt: int) -> None:
+        calls["succeeding"] = 1
+        try:
+            succeed(self, now, record, attempt)
+        finally:
+            calls["succeeding"] = 0
+
+    def leaky_finish(self: Scheduler, key: Any) -> Any:
+        calls["finish"] += calls["succeeding"]
+        if calls["succeeding"] and calls["finish"] % 40 == 0:
+            return None  # the task succeeded; the core forgets to release it
+        return finish(self, key)
+
+    def extra(self: ClusterState, placement: Any, sign: int) -> None:
+        state = self.node(placement.node)
+        for slot in placement.gpus:
+            state.reserved_mib[state.position[slot.index]] += sign * slot.memory_mib
+        self._touched(state)  # as a real change would: the placement index sees it
+
+    def doubling_reserve(self: ClusterState, task: Any, placement: Any, *, force: bool = False) -> None:
+        reserve(self, task, placement, force=force)
+        calls["reserve"] += 1
+        if calls["reserve"] % 25 == 0 and task.request.memory_mib is not None:
+            doubled.add(task.key)
+            extra(self, placement, +1)
+
+    def undoubling_release(self: ClusterState, key: Any) -> Any:
+        reservation = self.reservation(key)
+        if key in doubled and reservation is not None and self.has_node(reservation.placement.node):
+            doubled.discard(key)
+            extra(self, reservation.placement, -1)
+        return release(self, key)
+
+    monkeypatch.setattr(scenario._Run, "_finish", succeeding)
+    monkeypatch.setattr(Scheduler, "finish", leaky_finish)
+    monkeypatch.setattr(ClusterState, "reserve", doubling_reserve)
+    monkeypatch.setattr(ClusterState, "release", undoubling_release)
+
+    def again() -> None:  # the same bugs at the same calls in the next run
+        calls.update(finish=0, reserve=0, succeeding=0)
+        doubled.clear()
+
+    return again
+
+
+def test_checking_what_changed_finds_what_checking_everything_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner checks only the nodes and tasks changed since its last check; with planted core bugs it
+    reports exactly the violations (text and first time) that a full check after every cycle reports."""
+    from gputask.sim import scenario
+
+    doc = generate(seed=2, nodes=30, tasks=300, load=3.0)
+    again = _planted_bugs(monkeypatch)
+    incremental = run_scenario(doc)["violations"]
+    again()
+    changed = scenario._Checks.changed
+
+    def everything(self: Any, scheduler: Any, by_key: Any) -> Any:
+        self.full = True
+        return changed(self, scheduler, by_key)
+
+    monkeypatch.setattr(scenario._Checks, "changed", everything)
+    full = run_scenario(doc)["violations"]
+    kinds = {("MiB reserved" in v, "still holds it" in v) for v in full}
+    assert incremental == full
+    assert {(True, False), (False, True)} <= kinds, full  # both planted bugs were seen
+
+
+def test_a_loaded_chaos_run_preempts_and_stays_clean() -> None:
+    """At three times the default arrival rate queues contend: tasks are preempted, nothing breaks."""
+    summary = summarize(run_scenario(generate(seed=1, nodes=40, tasks=600, load=3.0)), 600)
+    assert summary["evictions"].get("Preempted", 0) > 0, summary
+    assert (summary["accountedFor"], summary["violations"]) == (600, [])

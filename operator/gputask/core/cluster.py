@@ -394,18 +394,24 @@ class ClusterState:
                 return True
         return False
 
-    def violations(self) -> list[str]:
-        """Broken invariants as human-readable lines (empty when all hold)."""
+    def violations(self, names: Iterable[NodeName] | None = None) -> list[str]:
+        """Broken invariants as human-readable lines (empty when all hold), on every node or on ``names``
+        (the nodes changed since a previous check: what did not change cannot have broken)."""
+        states = self.sorted_nodes() if names is None else [self._nodes[n] for n in sorted(names) if n in self._nodes]
         out: list[str] = []
-        for state in self.sorted_nodes():
+        for state in states:
+            holders: Counter[int] | None = None
             for pos, gpu in enumerate(state.node.gpus):
                 if state.reserved_mib[pos] > gpu.memory_mib:
                     out.append(
                         f"{state.name} GPU {gpu.index}: {state.reserved_mib[pos]} MiB reserved > {gpu.memory_mib} MiB"
                     )
-                holders = [k for k, p in state.tasks.items() if gpu.index in p.indices]
-                if state.exclusive[pos] and len(holders) > 1:
-                    out.append(f"{state.name} GPU {gpu.index}: exclusive GPU shared by {holders}")
+                if state.exclusive[pos]:
+                    if holders is None:
+                        holders = Counter(i for p in state.tasks.values() for i in set(p.indices))
+                    if holders[gpu.index] > 1:
+                        keys = [k for k, p in state.tasks.items() if gpu.index in p.indices]
+                        out.append(f"{state.name} GPU {gpu.index}: exclusive GPU shared by {keys}")
         return out
 
 

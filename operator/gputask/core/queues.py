@@ -7,7 +7,7 @@ sorted incrementally with :mod:`bisect` so a cycle never re-sorts tens of thousa
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, KeysView
 
 from gputask.core.model import Task, TaskKey
 
@@ -44,6 +44,10 @@ class QueueManager:
     def get(self, key: TaskKey) -> Task | None:
         """The pending task with ``key``, if any."""
         return self._tasks.get(key)
+
+    def keys(self) -> KeysView[TaskKey]:
+        """The pending tasks' keys (a live view)."""
+        return self._tasks.keys()
 
     def __contains__(self, key: object) -> bool:
         return key in self._tasks

@@ -7,11 +7,12 @@ which quota, how many GPUs with how much free memory, which product, which queue
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from gputask.core.cluster import ClusterState, NodeState
-from gputask.core.model import MILLI_PER_GPU, Task
+from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
 from gputask.core.placement import Outcome
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
 
@@ -166,9 +167,15 @@ def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:
     }
 
 
-def violations(scheduler: Scheduler) -> list[str]:
-    """Broken invariants: GPU over-commit, quota beyond the queue's ceiling, a task in two states."""
-    out = scheduler.cluster.violations()
+def violations(
+    scheduler: Scheduler, *, nodes: Iterable[NodeName] | None = None, keys: Iterable[TaskKey] | None = None
+) -> list[str]:
+    """Broken invariants: GPU over-commit, quota beyond the queue's ceiling, a task in two states.
+
+    ``nodes`` and ``keys`` limit the per-node and per-task checks to what changed since a previous
+    check (the scenario runner checks after every cycle); quotas are always checked in full.
+    """
+    out = scheduler.cluster.violations(nodes)
     quotas = scheduler.quotas
     for name in quotas.specs:
         used = quotas.usage.get(name, {})
@@ -176,6 +183,10 @@ def violations(scheduler: Scheduler) -> list[str]:
             ceiling = quotas.ceiling(name, resource)
             if ceiling is not None and used.get(resource, 0) > ceiling:
                 out.append(f"queue {name}: {resource} usage {used.get(resource, 0)} > {ceiling}")
-    both = (set(scheduler.running) | set(scheduler.nominated)) & {t.key for t in scheduler.pending}
+    if keys is None:
+        both = (set(scheduler.running) | set(scheduler.nominated)) & {t.key for t in scheduler.pending}
+    else:
+        pending = scheduler.pending
+        both = {k for k in keys if k in pending and (k in scheduler.running or k in scheduler.nominated)}
     out.extend(f"task {key} is both pending and placed" for key in sorted(both))
     return out

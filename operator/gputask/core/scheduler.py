@@ -510,9 +510,12 @@ class Scheduler:
         """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
         return queue_status(self)
 
-    def violations(self) -> list[str]:
-        """Broken invariants: GPU over-commit and quota beyond what the queue could ever hold."""
-        return violations(self)
+    def violations(
+        self, *, nodes: Iterable[NodeName] | None = None, keys: Iterable[TaskKey] | None = None
+    ) -> list[str]:
+        """Broken invariants: GPU over-commit and quota beyond what the queue could ever hold; per-node and
+        per-task checks on ``nodes`` and ``keys`` only when given (what changed since a previous check)."""
+        return violations(self, nodes=nodes, keys=keys)
 
 
 def _memory_by_index(state: NodeState) -> dict[int, int]:

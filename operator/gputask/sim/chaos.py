@@ -44,15 +44,19 @@ QUEUE_SPECS: list[dict[str, Any]] = [
 ]
 
 
-def generate(*, seed: int, nodes: int, tasks: int, until: float = 20000.0) -> dict[str, Any]:
-    """A random but valid scenario; the same arguments always give the same scenario."""
+def generate(*, seed: int, nodes: int, tasks: int, until: float = 20000.0, load: float = 1.0) -> dict[str, Any]:
+    """A random but valid scenario; the same arguments always give the same scenario.
+
+    Tasks arrive over the first 70 % of ``until`` seconds divided by ``load``: at ``load`` 3 they come
+    three times as fast, queues contend for the cohort's GPUs and higher-priority tasks preempt.
+    """
     rng = random.Random(seed)
     node_list = [_node(rng, i) for i in range(nodes)]
     total_gpus = sum(len(n["gpus"]) for n in node_list)
     queues = [dict(q, spec=dict(q["spec"])) for q in QUEUE_SPECS]
     for q in queues[:2]:  # each team owns a third of the GPUs; the rest is lent through the cohort
         q["spec"]["resources"] = [{"name": "nvidia.com/gpu", "nominalQuota": total_gpus // 3}]
-    events = [_submit(rng, i, until) for i in range(tasks)]
+    events = [_submit(rng, i, until * 0.7 / load) for i in range(tasks)]
     events += _faults(rng, node_list, until)
     events += _deletes(rng, events, until)
     events.sort(key=lambda e: e["at"])
@@ -70,7 +74,7 @@ def _node(rng: random.Random, i: int) -> dict[str, Any]:
     return {"name": f"node-{i:04d}", "gpus": [{"product": product, "memory": memory}] * count}
 
 
-def _submit(rng: random.Random, i: int, until: float) -> dict[str, Any]:
+def _submit(rng: random.Random, i: int, window: float) -> dict[str, Any]:
     spec: dict[str, Any] = {"queueName": rng.choice(("team-a", "team-b", "batch")), "gpus": rng.choice((1, 1, 1, 2, 4))}
     shape = rng.random()
     if shape < 0.5:
@@ -83,7 +87,7 @@ def _submit(rng: random.Random, i: int, until: float) -> dict[str, Any]:
         spec.pop("gpuFraction", None)
         spec["gpuMemory"] = "8Gi"  # the batch queue limits memory, so its tasks state it
     return {
-        "at": round(rng.uniform(0, until * 0.7), 1),
+        "at": round(rng.uniform(0, window), 1),
         "submit": {
             "metadata": {"name": f"task-{i:05d}", "namespace": "default"},
             "spec": spec,

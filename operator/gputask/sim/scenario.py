@@ -50,7 +50,7 @@ import heapq
 import itertools
 import json
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +193,7 @@ class _Run:
         self.records: list[_Record] = []
         self.by_key: dict[TaskKey, _Record] = {}
         self.violations: dict[str, str] = {}
+        self.checks = _Checks()
         self.heap: list[tuple[float, int, int, tuple[Any, ...]]] = []
         self.seq = itertools.count()
         self.scheduler = self._new_scheduler()
@@ -222,6 +223,7 @@ class _Run:
                 elif item[0] == "event":
                     self._event(now, item[2])
             self._cycle(now)
+        self.checks.full = True  # the last check looks at everything, whatever changed
         self._check(self.scenario.until)
         return self._output()
 
@@ -262,10 +264,12 @@ class _Run:
             self.scheduler.submit(task)
         self.records.append(record)
         self.by_key[record.key] = record
+        self.checks.touched.add(record.key)
 
     def _delete(self, now: float, record: _Record) -> None:
         if not record.live:
             return
+        self.checks.touched.add(record.key)
         self.scheduler.finish(record.key)
         if record.phase == RUNNING:
             record.finished_at = now
@@ -275,6 +279,7 @@ class _Run:
     def _finish(self, now: float, record: _Record, attempt: int) -> None:
         if record.phase != RUNNING or record.attempt != attempt:
             return  # evicted or deleted since: this finish belongs to an earlier run
+        self.checks.touched.add(record.key)
         self.scheduler.finish(record.key)
         record.phase, record.finished_at = SUCCEEDED, now
         record.log(now, "Finished", SUCCEEDED, placement=record.placement)
@@ -303,6 +308,7 @@ class _Run:
     def _restart(self) -> None:
         """Forget everything in memory; rebuild from what the API holds, as the operator does."""
         self.scheduler = scheduler = self._new_scheduler()
+        self.checks.full = True
         for name, since in self.down_since.items():
             scheduler.node_ready(name, False, since)
         for record in self.by_key.values():
@@ -330,6 +336,7 @@ class _Run:
         failed = {d.task.key for d in decisions if isinstance(d, Fail)}
         for decision in decisions:
             record = self.by_key[decision.task.key]
+            self.checks.touched.add(record.key)
             if isinstance(decision, Admit):
                 self._admitted(now, record, decision.placement)
             elif isinstance(decision, Pending):
@@ -366,9 +373,10 @@ class _Run:
         self.violations.setdefault(text, f"at {_num(now)}: {text}")
 
     def _check(self, now: float) -> None:
-        for text in self.scheduler.violations():
+        nodes, keys = self.checks.changed(self.scheduler, self.by_key)
+        for text in self.scheduler.violations(nodes=nodes, keys=keys):
             self._violation(now, text)
-        for text in _consistency(self.scheduler, self.by_key.values()):
+        for text in _consistency(self.scheduler, self.by_key, nodes, keys):
             self._violation(now, text)
 
     # -- output ----------------------------------------------------------------------------------
@@ -388,26 +396,65 @@ class _Run:
         }
 
 
-def _consistency(scheduler: Scheduler, records: Iterable[_Record]) -> list[str]:
-    """Differences between the API's view (the records) and the scheduler's: lost or doubled tasks."""
+class _Checks:
+    """What changed since the last check, so that checking after every cycle costs what changed.
+
+    A node changed when its generation moved (every reservation, release and update moves it); a
+    task when the run touched its record (submitted, decided, finished, deleted) or it entered or
+    left the scheduler's running, nominated or pending sets. What did not change cannot have broken
+    an invariant that held before, so the violations found are those a full check finds; ``full``
+    (after a restart, and for the last check) checks everything.
+    """
+
+    def __init__(self) -> None:
+        self.full = True
+        self.touched: set[TaskKey] = set()
+        self.generations: dict[NodeName, int] = {}
+        self.seen: tuple[set[TaskKey], set[TaskKey], set[TaskKey]] = (set(), set(), set())
+
+    def changed(self, scheduler: Scheduler, by_key: Mapping[TaskKey, _Record]) -> tuple[set[NodeName], set[TaskKey]]:
+        """(nodes, task keys) to check now; remembers the present state for the next call."""
+        running, nominated, pending = scheduler.running.keys(), scheduler.nominated.keys(), scheduler.pending.keys()
+        states = list(scheduler.cluster)
+        if self.full:
+            nodes = {s.name for s in states}
+            keys = set(by_key) | running | nominated
+        else:
+            nodes = {s.name for s in states if self.generations.get(s.name) != s.generation}
+            old_running, old_nominated, old_pending = self.seen
+            keys = self.touched | (running ^ old_running) | (nominated ^ old_nominated) | (pending ^ old_pending)
+        self.generations = {s.name: s.generation for s in states}
+        self.seen = (set(running), set(nominated), set(pending))
+        self.touched, self.full = set(), False
+        return nodes, keys
+
+
+def _consistency(
+    scheduler: Scheduler, by_key: Mapping[TaskKey, _Record], nodes: set[NodeName], keys: set[TaskKey]
+) -> list[str]:
+    """Differences between the API's view (the records) and the scheduler's on ``nodes`` and ``keys``:
+    lost or doubled tasks."""
     out: list[str] = []
-    nodes_of: dict[TaskKey, list[str]] = {}
-    for state in scheduler.cluster:
-        for key in state.tasks:
-            nodes_of.setdefault(key, []).append(state.name)
-    out += [f"one task on two nodes: {k} on {', '.join(n)}" for k, n in nodes_of.items() if len(n) > 1]
-    running = set(scheduler.running)
-    for record in records:
-        key = record.key
-        if record.phase == RUNNING and scheduler.placement_of(key) != record.placement:
+    for name in sorted(nodes):
+        for key in scheduler.cluster.node(name).tasks:
+            reservation = scheduler.cluster.reservation(key)
+            if reservation is None:
+                out.append(f"task {key} is on {name} without a reservation")
+            elif reservation.placement.node != name:
+                out.append(f"one task on two nodes: {key} on {', '.join(sorted((name, reservation.placement.node)))}")
+    running = scheduler.running
+    for key in sorted(keys):
+        record = by_key.get(key)
+        if record is None:
+            if key in running:
+                out.append(f"task {key} is held by the scheduler but not running")
+        elif record.phase == RUNNING and scheduler.placement_of(key) != record.placement:
             node = None if record.placement is None else record.placement.node
             out.append(f"task lost: {key} runs on {node} but the scheduler does not hold it there")
         elif record.phase == "Pending" and key not in scheduler.pending and key not in scheduler.nominated:
             out.append(f"task lost: {key} is Pending but not queued in the scheduler")
         elif not record.live and (key in running or key in scheduler.pending):
             out.append(f"task {key} is {record.phase} but the scheduler still holds it")
-        running.discard(key)
-    out += [f"task {key} is held by the scheduler but not running" for key in sorted(running)]
     return out
 
 
