@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gputask.core import GPU, GPU_MEMORY, MILLI_PER_GPU, Scheduler
+from gputask.core.fit import Filter
 
 MIB = 1 << 20
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -88,8 +89,22 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.by_filter = Gauge(
+            "gputask_waiting_tasks_by_filter",
+            "Waiting tasks that at least one node refused by this filter (NodeUnschedulable, TaintToleration, "
+            "NodeAffinity, NodeResourcesFit, GPU).",
+            ["filter"],
+            registry=r,
+        )
+
     def refresh(self, scheduler: Scheduler) -> None:
         """Set the gauges from the scheduler's state (after a cycle)."""
+        counts = dict.fromkeys((f.value for f in Filter), 0)
+        for filters in scheduler.filters.values():
+            for name, _nodes in filters:
+                counts[name] = counts.get(name, 0) + 1
+        for name, count in counts.items():
+            self.by_filter.labels(name).set(count)
         for queue, report in scheduler.queue_status().items():
             self.pending.labels(queue).set(report["pending"])  # type: ignore[arg-type]
             self.admitted.labels(queue).set(report["admitted"])  # type: ignore[arg-type]

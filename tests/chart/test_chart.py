@@ -585,10 +585,12 @@ def test_chart_crds_are_byte_identical_copies_of_the_source_crds() -> None:
 
 
 def example_documents() -> list[tuple[str, dict[str, Any]]]:
-    """(path under examples/, object) of every document in examples/, subfolders included."""
+    """(path under examples/, object) of every document in examples/, subfolders included, except
+    examples/scenarios/ (scenario files for ``gputask scenario run``, not Kubernetes objects)."""
     return [
         (str(path.relative_to(ROOT / "examples")), doc)
         for path in sorted((ROOT / "examples").rglob("*.yaml"))
+        if path.parent.name != "scenarios"
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     ]

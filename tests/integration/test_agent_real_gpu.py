@@ -198,7 +198,7 @@ async def test_agent_on_the_real_gpu_and_the_operator_keep_tasks_off_foreign_mem
         gpu0.uuid,
         f"{gpu0.memory_total_mib}Mi",
         want,
-        ("False", "NoFit", "no node has 1 GPU(s) 40960 MiB free each (position 0 in GPUClusterQueue 'default')"),
+        ("False", "NoFit", "0/1 nodes fit: 1 no GPU with 40960 MiB free (position 0 in GPUClusterQueue 'default')"),
     )
 
 

@@ -155,7 +155,7 @@ async def test_two_replicas_one_leader_no_duplicate_jobs_and_failover(cluster: C
         async def c_waits() -> tuple[str, str, str] | None:
             return condition(await status_of(cluster, "c"), "Admitted")
 
-        message = "no node has 1 GPU(s) 20480 MiB free each (position 0 in GPUClusterQueue 'default')"
+        message = "0/1 nodes fit: 1 no GPU with 20480 MiB free (position 0 in GPUClusterQueue 'default')"
         assert await eventually(c_waits) == ("False", "NoFit", message)
         assert (await status_of(cluster, "c"))["queuePosition"] == 0
         assert standby.leading is True

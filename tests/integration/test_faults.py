@@ -157,8 +157,7 @@ async def test_a_heartbeat_in_the_future_is_not_believed(cluster: Cluster) -> No
 
         message = await eventually(waits)
         assert message.startswith(
-            "no schedulable node has 1 GPU(s) 4096 MiB free each; 1 of 1 node(s) take no "
-            "new work (1 GPUNode heartbeat stale)"
+            "0/1 nodes fit: 1 unschedulable (GPUNode heartbeat stale)"
         )
         assert (await accepted(cluster, "node-a"))["reason"] == "RefusedEntries"
 

@@ -320,7 +320,7 @@ async def test_kueue_mode_answers_retry_when_no_gpu_has_room_then_ready_once_it_
         assert await eventually(retry) == {
             "name": "gputask-placement",
             "state": "Retry",
-            "message": "no node has 1 GPU(s) idle each; Kueue requeues the Workload and asks again",
+            "message": "0/1 nodes fit: 1 no idle GPU; Kueue requeues the Workload and asks again",
         }
         await set_check(cluster, first, "Ready", reserved=True, finished=True)
         await set_check(cluster, second, "Pending", reserved=True)

@@ -140,7 +140,7 @@ async def test_deleting_a_task_frees_its_gpu_for_the_next(cluster: Cluster) -> N
         async def waiting() -> list[tuple[str, str, str]]:
             return await cluster.events_for("second")
 
-        reason = ("Normal", "NoFit", "no node has 1 GPU(s) 20480 MiB free each")
+        reason = ("Normal", "NoFit", "0/1 nodes fit: 1 no GPU with 20480 MiB free")
         assert await eventually(waiting) == [reason]
         pending = await cluster.task("second")
         assert [(c["type"], c["status"], c["reason"]) for c in pending["status"]["conditions"]] == [
@@ -208,7 +208,7 @@ async def test_restarted_operator_rebuilds_state_and_never_double_books(cluster:
         async def reason() -> list[tuple[str, str, str]]:
             return await cluster.events_for("whole")
 
-        assert await eventually(reason) == [("Normal", "NoFit", "no node has 1 GPU(s) idle each")]
+        assert await eventually(reason) == [("Normal", "NoFit", "0/1 nodes fit: 1 no idle GPU")]
         assert [j["metadata"]["name"] for j in await cluster.client.list(JOBS, "default")] == ["first-1"]
         assert second.controller.scheduler.placement_of("default/first") is not None
 
@@ -282,7 +282,7 @@ async def test_pending_tasks_report_their_queue_position(cluster: Cluster) -> No
             return found if found == {"w1": 0, "w2": 1} else None
 
         await eventually(moved)
-        assert await cluster.events_for("w2") == [("Normal", "NoFit", "no node has 1 GPU(s) idle each")]
+        assert await cluster.events_for("w2") == [("Normal", "NoFit", "0/1 nodes fit: 1 no idle GPU")]
 
 
 async def test_a_task_recreated_under_the_same_name_is_a_new_task(cluster: Cluster) -> None:

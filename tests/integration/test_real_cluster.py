@@ -357,7 +357,7 @@ async def test_wait_reasons_say_what_is_true(cluster: Cluster) -> None:
             "nominalQuota '1': a queue can lend only what it has (position 0 in GPUClusterQueue 'broken')"
         )
         cordoned = (
-            "no schedulable node has 1 GPU(s) 4096 MiB free each; 1 of 1 node(s) take no new work (1 cordoned) "
+            "0/1 nodes fit: 1 unschedulable (cordoned) "
             "(position 0 in GPUClusterQueue 'default')"
         )
         assert await eventually(lambda: reason_of(cluster, "in-broken")) == ("Pending", "QueueInactive", inactive)

@@ -79,7 +79,7 @@ def test_deleted_node_and_out_of_service_fail_at_once() -> None:
         Pending(
             t,
             "NoFit",
-            "no schedulable node has 1 GPU(s) 8192 MiB free each; 1 of 1 node(s) take no new work (1 NotReady)",
+            "0/1 nodes fit: 1 unschedulable (NotReady)",
         ),
     ]
 

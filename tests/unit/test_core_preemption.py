@@ -100,7 +100,7 @@ def test_within_cluster_queue_policies(
             Pending(pre, "Preempting", "preempting ns/victim on a"),
         ]
     else:
-        assert decisions == [Pending(pre, "NoFit", "no node has 1 GPU(s) idle each")]
+        assert decisions == [Pending(pre, "NoFit", "0/1 nodes fit: 1 no idle GPU")]
 
 
 def test_preemptor_is_admitted_on_the_freed_gpu_only_after_its_victim_is_gone() -> None:
@@ -116,7 +116,7 @@ def test_preemptor_is_admitted_on_the_freed_gpu_only_after_its_victim_is_gone() 
     s.victim_gone(low.key)
     after = s.cycle(3.0)
     assert (waiting, after) == (
-        [Pending(low, "NoFit", "no node has 1 GPU(s) idle each")],
+        [Pending(low, "NoFit", "0/1 nodes fit: 1 no idle GPU")],
         [Admit(high, placed("a", (0, W)), {GPU: 1000, "gputask.io/gpu-memory": W})],
     )
     assert s.violations() == []
@@ -296,7 +296,7 @@ def test_an_inadmissible_head_does_not_block_a_strict_fifo_queue() -> None:
     s.submit(huge)
     s.submit(small)
     assert s.cycle(0.0) == [
-        Pending(huge, "Inadmissible", "no node has 4 GPU(s) that could ever be idle"),
+        Pending(huge, "Inadmissible", "no node could ever hold it: 0/1 nodes fit: 1 fewer than 4 GPUs"),
         Admit(small, placed("a", (0, W)), {GPU: 1000, "gputask.io/gpu-memory": W}),
     ]
 

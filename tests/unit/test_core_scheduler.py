@@ -103,7 +103,7 @@ def scheduler(nodes: Iterable[Node], queues: Iterable[QueueSpec], tasks: Iterabl
     return s
 
 
-NO_IDLE_GPU = "no node has 1 GPU(s) idle each"
+NO_IDLE_GPU = "0/1 nodes fit: 1 no idle GPU"
 
 
 def test_tasks_are_admitted_by_priority_then_creation_time() -> None:
@@ -265,7 +265,7 @@ def test_best_effort_fifo_lets_a_later_small_task_pass_a_blocked_big_one() -> No
     """BestEffortFIFO: the 2-GPU head waits while the small task behind it is admitted."""
     s, (big, small, other) = _fifo_case("BestEffortFIFO")
     assert s.cycle() == [
-        Pending(big, "NoFit", "no node has 2 GPU(s) idle each"),
+        Pending(big, "NoFit", "0/1 nodes fit: 1 fewer than 2 idle GPUs"),
         Admit(small, placed("a", (1, 4 * GIB)), usage(250, 4 * GIB)),
         Admit(other, placed("a", (1, 4 * GIB)), usage(250, 4 * GIB)),
     ]
@@ -275,7 +275,7 @@ def test_strict_fifo_blocks_only_the_queue_of_the_waiting_head() -> None:
     """StrictFIFO: the small task waits behind its head, while another queue's task is admitted."""
     s, (big, small, other) = _fifo_case("StrictFIFO")
     assert s.cycle() == [
-        Pending(big, "NoFit", "no node has 2 GPU(s) idle each"),
+        Pending(big, "NoFit", "0/1 nodes fit: 1 fewer than 2 idle GPUs"),
         Pending(small, "StrictFIFOBlocked", "StrictFIFO: waiting behind the head of 'q'"),
         Admit(other, placed("a", (1, 4 * GIB)), usage(250, 4 * GIB)),
     ]
@@ -310,13 +310,13 @@ def test_every_pending_reason_names_its_cause() -> None:
         Pending(tasks[4], "ProductUnavailable", "no node has a GPU of product ['NVIDIA-H100']"),
         Pending(tasks[1], "QueueHeld", "GPUClusterQueue 'held' is stopped (Hold)"),
         Pending(tasks[0], "QueueNotFound", "GPUClusterQueue 'missing' does not exist"),
-        Pending(tasks[7], "NoFit", "no node has 1 GPU(s) 20480 MiB free each"),
+        Pending(tasks[7], "NoFit", "0/1 nodes fit: 1 no GPU with 20480 MiB free"),
         Pending(
             tasks[3],
             "Inadmissible",
             "needs at least 12288 MiB of gputask.io/gpu-memory; GPUClusterQueue 'small' can never hold more than 8192",
         ),
-        Pending(tasks[5], "Inadmissible", "no node has 3 GPU(s) that could ever be idle"),
+        Pending(tasks[5], "Inadmissible", "no node could ever hold it: 0/1 nodes fit: 1 fewer than 3 GPUs"),
         Pending(
             tasks[2], "NamespaceNotAllowed", "namespace 'ns' is not selected by GPUClusterQueue 'ml-only'"
         ),

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gputask.core import Gpu, Node, NodeName
-from gputask.k8s.foreign import ForeignPods, GpuClaim, claim_of, occupied_gpus, pod_claim
+from gputask.k8s.foreign import ForeignPod, ForeignPods, GpuClaim, claim_of, occupied_gpus, pod_claim
+from gputask.manifests.podfit import Requests
 
 NODE = Node(NodeName("node-a"), tuple(Gpu(i, f"GPU-{i}", "NVIDIA-A10", 24576) for i in range(4)))
 
@@ -68,7 +69,8 @@ def test_only_bound_unfinished_foreign_pods_hold_gpus() -> None:
 
 
 def test_index_follows_pod_events_and_reports_changed_nodes() -> None:
-    """The index adds, keeps, and drops claims per pod event and names the node whose claims changed."""
+    """The index adds, keeps, and drops foreign pods per pod event and names the node whose pods changed
+    (a pod without GPUs counts too: its requests take the node's cpu and memory)."""
     index = ForeignPods()
     running = pod("p1", containers=[container(gpus=1)])
     changes = [
@@ -79,11 +81,16 @@ def test_index_follows_pod_events_and_reports_changed_nodes() -> None:
         index.on_pod(pod("p3", containers=[container()])),
     ]
     assert (changes, index.by_node, index.node_of) == (
-        ["node-a", None, "node-b", "node-a", None],
-        {"node-b": {"p2": GpuClaim(devices=("GPU-9",))}},
-        {"p2": "node-b"},
+        ["node-a", None, "node-b", "node-a", "node-a"],
+        {
+            "node-b": {"p2": ForeignPod(GpuClaim(devices=("GPU-9",)), Requests())},
+            "node-a": {"p3": ForeignPod(None, Requests())},
+        },
+        {"p2": "node-b", "p3": "node-a"},
     )
     assert index.on_pod(pod("p2", node="node-b"), deleted=True) == "node-b"
+    assert index.claims_on("node-a") == [] and index.requests_on("node-a") == (Requests(), 1)
+    assert index.on_pod(pod("p3", node="node-a"), deleted=True) == "node-a"
     assert index.by_node == {}
 
 

@@ -443,7 +443,7 @@ def test_grace_period_comes_from_config() -> None:
         (
             {"events": [{"at": 0, "explode": {}}]},
             "events[0]: unknown event kind 'explode'; known: submit, delete, nodeDown, nodeUp, nodeDeleted, "
-            "gpuUnhealthy, restartOperator",
+            "gpuUnhealthy, nodeUpdate, restartOperator",
         ),
         (
             {"events": [{"at": -5, "restartOperator": {}}]},
@@ -473,7 +473,7 @@ def test_grace_period_comes_from_config() -> None:
         (
             {"events": [{"at": 0, "nodeUp": {"name": "node-a"}, "delete": {"name": "x"}}]},
             "events[0]: an event needs exactly one of submit, delete, nodeDown, nodeUp, nodeDeleted, "
-            "gpuUnhealthy, restartOperator; got ['nodeUp', 'delete']",
+            "gpuUnhealthy, nodeUpdate, restartOperator; got ['nodeUp', 'delete']",
         ),
         (
             {

@@ -52,6 +52,7 @@ class NodeState:
     tasks: dict[TaskKey, Placement] = field(default_factory=dict)
     cpu_used: int = 0
     memory_used_mib: int = 0
+    ephemeral_used_mib: int = 0
     generation: int = 0
 
     @classmethod
@@ -79,15 +80,27 @@ class NodeState:
 
     @property
     def cpu_free(self) -> int | None:
-        """Free millicores, or None when CPU is not tracked."""
+        """Free millicores (allocatable less ours and foreign pods'), or None when CPU is not tracked."""
         cap = self.node.cpu_milli
-        return None if cap is None else cap - self.cpu_used
+        return None if cap is None else cap - self.node.foreign_use.cpu_milli - self.cpu_used
 
     @property
     def memory_free_mib(self) -> int | None:
         """Free host memory (MiB), or None when it is not tracked."""
         cap = self.node.memory_mib
-        return None if cap is None else cap - self.memory_used_mib
+        return None if cap is None else cap - self.node.foreign_use.memory_mib - self.memory_used_mib
+
+    @property
+    def ephemeral_free_mib(self) -> int | None:
+        """Free ephemeral-storage (MiB), or None when it is not tracked."""
+        cap = self.node.ephemeral_mib
+        return None if cap is None else cap - self.node.foreign_use.ephemeral_mib - self.ephemeral_used_mib
+
+    @property
+    def pods_free(self) -> int | None:
+        """Pod slots left (one per reserved task and per foreign pod), or None when pods are not tracked."""
+        cap = self.node.pods
+        return None if cap is None else cap - self.node.foreign_use.pods - len(self.tasks)
 
 
 UNTRACKED = 1 << 62
@@ -198,6 +211,12 @@ def _placement_key(state: NodeState) -> tuple[object, ...]:
         node.cpu_milli,
         node.memory_mib,
         node.labels,
+        node.taints,
+        node.ephemeral_mib,
+        node.pods,
+        node.foreign_use,
+        state.ephemeral_used_mib,
+        len(state.tasks) if node.pods is not None else 0,
         tuple((g.index, g.product, g.memory_mib, g.healthy, g.foreign_mib) for g in node.gpus),
         tuple(state.reserved_mib),
         tuple(state.exclusive),
@@ -244,6 +263,7 @@ class ClusterState:
                     state.reserved_mib[pos] += slot.memory_mib
                     state.exclusive[pos] = state.exclusive[pos] or exclusive
             state.cpu_used, state.memory_used_mib = old.cpu_used, old.memory_used_mib
+            state.ephemeral_used_mib = old.ephemeral_used_mib
             state.generation = old.generation + 1
         else:
             self._sorted = self._index = None
@@ -322,6 +342,7 @@ class ClusterState:
             state.exclusive[pos] = state.exclusive[pos] or exclusive
         state.cpu_used += task.cpu_milli
         state.memory_used_mib += task.memory_mib
+        state.ephemeral_used_mib += task.ephemeral_mib
         state.tasks[task.key] = placement
         self._reservations[task.key] = Reservation(task, placement, exclusive)
         self._touched(state)
@@ -366,6 +387,7 @@ class ClusterState:
                         state.exclusive[pos] = False
             state.cpu_used -= res.task.cpu_milli
             state.memory_used_mib -= res.task.memory_mib
+            state.ephemeral_used_mib -= res.task.ephemeral_mib
             self._touched(state)
         else:
             self.generation += 1

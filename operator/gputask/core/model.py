@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NewType
 
+from gputask.core.fit import Constraints, Taint
+
 TaskKey = NewType("TaskKey", str)
 """``namespace/name`` of a GPUTask (or a trace pod's name)."""
 
@@ -42,14 +44,30 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
+class HostUse:
+    """Node resources held by pods gputask did not place (DaemonSets, other workloads): millicores,
+    MiB of memory, MiB of ephemeral-storage and pod count. They may leave, unlike allocatable."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    ephemeral_mib: int = 0
+    pods: int = 0
+
+
+NO_HOST_USE = HostUse()
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     """A GPU node as the scheduler sees it.
 
-    ``cpu_milli`` and ``memory_mib`` are allocatable host resources; ``None`` means
-    "not tracked" (the operator leaves CPU/memory to kube-scheduler; the trace replay
-    tracks them as the FGD protocol does). ``schedulable`` is False for a node that is
-    NotReady, cordoned, or whose GPUNode heartbeat is stale; ``unschedulable_reason`` then says
-    which, for the wait messages (it never changes where anything is placed).
+    ``cpu_milli``, ``memory_mib``, ``ephemeral_mib`` (MiB of ephemeral-storage) and ``pods`` are the
+    Node's allocatable (the operator) or the trace's capacities (the replay); ``None`` means "not
+    tracked" (unlimited). ``foreign_use`` is what pods gputask did not place request of them.
+    ``labels`` (sorted pairs) and ``taints`` feed the NodeAffinity and TaintToleration
+    filters (:mod:`gputask.core.fit`). ``schedulable`` is False for a node that is NotReady,
+    cordoned, or whose GPUNode heartbeat is stale; ``unschedulable_reason`` then says which, for the
+    wait messages (it never changes where anything is placed).
     """
 
     name: NodeName
@@ -59,6 +77,10 @@ class Node:
     labels: tuple[tuple[str, str], ...] = ()
     schedulable: bool = True
     unschedulable_reason: str = ""
+    taints: tuple[Taint, ...] = ()
+    ephemeral_mib: int | None = None
+    pods: int | None = None
+    foreign_use: HostUse = NO_HOST_USE
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +126,10 @@ class GpuRequest:
 class Task:
     """A unit of work to admit and place.
 
-    ``created`` orders tasks of equal priority (seconds); ``cpu_milli``/``memory_mib`` are
-    host requests (0 when not tracked); ``namespace_labels`` feeds queues' namespaceSelector.
+    ``created`` orders tasks of equal priority (seconds); ``cpu_milli``/``memory_mib``/``ephemeral_mib``
+    are its pod's requests as kube-scheduler reckons them (0 when not tracked); ``constraints`` what
+    its pod template requires of a node (selector, affinity, tolerations; None: nothing, so no taint
+    is tolerated); ``namespace_labels`` feeds queues' namespaceSelector. A task is one pod.
     """
 
     key: TaskKey
@@ -117,6 +141,13 @@ class Task:
     memory_mib: int = 0
     namespace_labels: tuple[tuple[str, str], ...] = ()
     max_reschedules: int = 3
+    ephemeral_mib: int = 0
+    constraints: Constraints | None = None
+
+    @property
+    def fit_key(self) -> tuple[object, ...]:
+        """Everything placement reads of the task: two tasks with equal keys fit the same nodes alike."""
+        return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints)
 
     @property
     def namespace(self) -> str:

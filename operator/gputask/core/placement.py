@@ -28,6 +28,7 @@ from operator import ge
 from typing import TYPE_CHECKING, Protocol
 
 from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
+from gputask.core.fit import static_refusal
 from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, Task
 from gputask.core.search import Evaluation, board_for, refuser
 
@@ -66,15 +67,27 @@ def feasible_gpus(state: NodeState, task: Task) -> list[int]:
 
 
 def node_fits(state: NodeState, task: Task) -> bool:
-    """Node-level filter: schedulable, enough GPUs at all, CPU and host memory free."""
+    """Node-level filters (:mod:`gputask.core.fit`): schedulable (NodeUnschedulable), enough GPUs at
+    all, taints tolerated and selector/affinity matched, then cpu, memory, ephemeral-storage and a pod
+    slot free (NodeResourcesFit). :func:`gputask.core.reasons.refusals` names the one that refuses."""
     node = state.node
     if not node.schedulable or len(node.gpus) < task.request.count:
+        return False
+    if (node.taints or task.constraints is not None) and static_refusal(
+        task.constraints, node.labels, node.taints, node.name
+    ) is not None:
         return False
     cpu_free = state.cpu_free
     if cpu_free is not None and task.cpu_milli > cpu_free:
         return False
     mem_free = state.memory_free_mib
-    return mem_free is None or task.memory_mib <= mem_free
+    if mem_free is not None and task.memory_mib > mem_free:
+        return False
+    pods_free = state.pods_free
+    if pods_free is not None and pods_free < 1:
+        return False
+    storage_free = state.ephemeral_free_mib
+    return storage_free is None or task.ephemeral_mib <= storage_free
 
 
 def free_milli_after(state: NodeState, picked: Sequence[int], request: GpuRequest) -> int:
@@ -421,13 +434,16 @@ def _search_board(search: _Search, index: NodeIndex, task: Task, policy: Policy,
     """Best-first search on the shape's board (see :mod:`gputask.core.search`)."""
     board, memo = board_for(index, policy, task)
     states, groups = index.states, index.group
+    by_name = task.constraints is not None and task.constraints.by_name  # then identical nodes may differ
 
     def evaluate(row: int) -> Evaluation:
-        found = memo.get(groups[row], _UNSEEN)
+        found = _UNSEEN if by_name else memo.get(groups[row], _UNSEEN)
         if found is _UNSEEN:
             state = states[row]
             picked = _choose(state, task, policy)
-            found = memo[groups[row]] = None if picked is None else (picked, policy.score(state, task, picked))
+            found = None if picked is None else (picked, policy.score(state, task, picked))
+            if not by_name:
+                memo[groups[row]] = found
         return found
 
     board.sync(index, evaluate)

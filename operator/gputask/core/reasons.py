@@ -7,13 +7,14 @@ which quota, how many GPUs with how much free memory, which product, which queue
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from gputask.core.cluster import ClusterState, NodeState
+from gputask.core.fit import Filter, Refusal, static_refusal
 from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
-from gputask.core.placement import Outcome
+from gputask.core.placement import Outcome, feasible_gpus
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
 
 if TYPE_CHECKING:
@@ -46,10 +47,15 @@ class Reason(StrEnum):
 
 
 class Wait(NamedTuple):
-    """Why a task waits: a reason and the message that names the binding constraint."""
+    """Why a task waits: a reason and the message that names the binding constraint.
+
+    ``filters``: for a task no node fits, how many nodes each filter refused
+    (:class:`~gputask.core.fit.Filter` value, count), for metrics; empty otherwise.
+    """
 
     reason: str
     message: str
+    filters: tuple[tuple[str, int], ...] = ()
 
 
 QUEUE_NOT_FOUND, QUEUE_INACTIVE, QUEUE_HELD = Reason.QUEUE_NOT_FOUND, Reason.QUEUE_INACTIVE, Reason.QUEUE_HELD
@@ -122,30 +128,107 @@ def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterSta
             f"quota of {outcome.quota_resource} in GPUClusterQueue {task.queue!r} has "
             f"{free} {_unit(outcome.quota_resource)} left",
         )
+    index = cluster.index()
+    states = index.states
+    if not any(could_ever_fit(s, task) for s in states):
+        text, filters = nodes_summary(task, states, ever=True, groups=index.group)
+        return Wait(INADMISSIBLE, f"no node could ever hold it: {text}", filters)
+    text, filters = nodes_summary(task, states, groups=index.group)
+    return Wait(NO_FIT, text, filters)
+
+
+def gpu_refusal(state: NodeState, task: Task, *, ever: bool = False) -> Refusal | None:
+    """The GPU filter: too few GPUs (of an allowed product) that are ``need_text`` (``ever``: that
+    could be, on the empty node); None when enough are. Its text names what each GPU must offer."""
+    req = task.request
+    gpus = state.node.gpus
+    if req.products and req.products.isdisjoint([g.product for g in gpus]):
+        return Refusal(Filter.GPU, f"no GPU of product {sorted(req.products)}")
+    if ever:
+        usable = sum(1 for g in gpus if req.allows(g.product) and req.mib_on(g) <= g.memory_mib)
+    else:
+        usable = len(feasible_gpus(state, task))
+    if usable >= req.count:
+        return None
     need = need_text(task)
-    if not any(could_ever_fit(s, task) for s in cluster.sorted_nodes()):
-        return Wait(INADMISSIBLE, f"no node has {req.count} GPU(s) that could ever be {need}")
-    down = Counter(s.node.unschedulable_reason or "unschedulable" for s in cluster if not s.node.schedulable)
-    if not down:
-        return Wait(NO_FIT, f"no node has {req.count} GPU(s) {need} each")
-    why = ", ".join(f"{n} {reason}" for reason, n in sorted(down.items()))
-    return Wait(
-        NO_FIT,
-        f"no schedulable node has {req.count} GPU(s) {need} each; {sum(down.values())} of "
-        f"{len(cluster)} node(s) take no new work ({why})",
+    if ever:
+        return Refusal(Filter.GPU, f"fewer than {req.count} GPUs" if req.count > 1 else f"no GPU that could be {need}")
+    if req.exclusive:
+        return Refusal(Filter.GPU, f"fewer than {req.count} idle GPUs" if req.count > 1 else "no idle GPU")
+    return Refusal(Filter.GPU, f"fewer than {req.count} GPUs with {need}" if req.count > 1 else f"no GPU with {need}")
+
+
+def refusals(state: NodeState, task: Task, *, ever: bool = False) -> list[Refusal]:
+    """Why ``state`` cannot take ``task`` now, as kube-scheduler reports it: the first filter that
+    refuses, in its order (NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit, then
+    GPUs), NodeResourcesFit naming every insufficient resource. Empty when the node fits.
+
+    With ``ever``, judged on the node as if empty and schedulable: what no wait can change.
+    """
+    node = state.node
+    if not node.schedulable and not ever:
+        why = node.unschedulable_reason
+        return [Refusal(Filter.NODE_UNSCHEDULABLE, f"unschedulable ({why})" if why else "unschedulable")]
+    if node.taints or task.constraints is not None:
+        static = static_refusal(task.constraints, node.labels, node.taints, node.name)
+        if static is not None:
+            return [static]
+    free = (
+        (node.cpu_milli, None if ever else state.cpu_free, task.cpu_milli, "cpu"),
+        (node.memory_mib, None if ever else state.memory_free_mib, task.memory_mib, "memory"),
+        (node.ephemeral_mib, None if ever else state.ephemeral_free_mib, task.ephemeral_mib, "ephemeral-storage"),
+        (node.pods, None if ever else state.pods_free, 1, "pods"),
     )
+    out = [
+        Refusal(Filter.NODE_RESOURCES_FIT, "too many pods" if name == "pods" else f"insufficient {name}")
+        for cap, left, need, name in free
+        if cap is not None and need > (cap if left is None else left)
+    ]
+    if out:
+        return out
+    gpu = gpu_refusal(state, task, ever=ever)
+    return [] if gpu is None else [gpu]
+
+
+def nodes_summary(
+    task: Task, states: Iterable[NodeState], *, ever: bool = False, groups: Sequence[int] | None = None
+) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """kube-scheduler's count of refusals: ``0/12 nodes fit: 5 no GPU with 40960 MiB free, 3 insufficient
+    cpu, ...`` (most frequent first; a node refused for two resources counts under both), and the
+    count of nodes each filter refused. Nodes that fit are counted in the numerator.
+
+    ``groups`` (the cluster index's group ids, row by row with ``states``) lets identical nodes share
+    one evaluation, unless the task's affinity reads node names.
+    """
+    states = list(states)
+    share = groups is not None and not (task.constraints is not None and task.constraints.by_name)
+    if share and groups is not None:
+        weights = Counter(groups)  # identical nodes: one evaluation, counted as many times as there are
+        rows = {group: row for row, group in enumerate(groups)}
+        sample = [(states[rows[group]], n) for group, n in weights.items()]
+    else:
+        sample = [(state, 1) for state in states]
+    texts: dict[str, int] = {}
+    filters: dict[str, int] = {}
+    fitting = 0
+    for state, n in sample:
+        found = refusals(state, task, ever=ever)
+        if not found:
+            fitting += n
+        for refusal in found:
+            texts[refusal.text] = texts.get(refusal.text, 0) + n
+        for name in {r.filter.value for r in found}:
+            filters[name] = filters.get(name, 0) + n
+    total = len(states)
+    parts = ", ".join(f"{n} {text}" for text, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0])))
+    head = f"{fitting}/{total} nodes fit"
+    return (f"{head}: {parts}" if parts else head), tuple(sorted(filters.items()))
 
 
 def could_ever_fit(state: NodeState, task: Task) -> bool:
-    """True when the node, empty, could hold the task (GPU count, product, memory, CPU)."""
-    req = task.request
-    node = state.node
-    if node.cpu_milli is not None and task.cpu_milli > node.cpu_milli:
-        return False
-    if node.memory_mib is not None and task.memory_mib > node.memory_mib:
-        return False
-    usable = [g for g in node.gpus if req.allows(g.product) and req.mib_on(g) <= g.memory_mib]
-    return len(usable) >= req.count
+    """True when the node, empty and schedulable, could hold the task: taints, selector and affinity,
+    allocatable cpu, memory, ephemeral-storage and pods, GPU count, product and memory."""
+    return not refusals(state, task, ever=True)
 
 
 def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:

@@ -62,13 +62,15 @@ class Pending:
     """``task`` stays pending; emitted when ``reason`` or ``message`` changes, or when its
     ``position`` in its queue (0 = head) changes among the first :data:`TRACKED_POSITIONS`.
 
-    ``position`` is left out of equality: it is a report, not a decision.
+    ``position`` is left out of equality: it is a report, not a decision; so is ``filters``
+    (nodes refused per filter, see :class:`~gputask.core.reasons.Wait`), which is for metrics.
     """
 
     task: Task
     reason: str
     message: str
     position: int = field(default=-1, compare=False)
+    filters: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,7 @@ class Scheduler:
         self.health = NodeHealth(self.cluster, node_failure_grace_s)
         self.pending = QueueManager()
         self.reasons: dict[TaskKey, tuple[str, str, int]] = {}
+        self.filters: dict[TaskKey, tuple[tuple[str, int], ...]] = {}  # waiting tasks: nodes refused per filter
         self.deferred: dict[TaskKey, tuple[float, str, str]] = {}  # backoff: until (s), reason, message
         self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
@@ -251,6 +254,7 @@ class Scheduler:
         """
         self.pending.discard(key)
         self.reasons.pop(key, None)
+        self.filters.pop(key, None)
         self.deferred.pop(key, None)
         self.revisions.pop(key, None)
         if self._carry:  # in place: callers may hold the list (``self._carry.extend(...)``)
@@ -337,6 +341,10 @@ class Scheduler:
                 if not isinstance(decision, Pending):
                     decisions.append(decision)
                     continue
+                if decision.filters:
+                    self.filters[task.key] = decision.filters
+                else:
+                    self.filters.pop(task.key, None)
                 last = self.reasons.get(task.key)
                 moved = last is not None and last[2] != position and position < TRACKED_POSITIONS
                 if last is None or last[:2] != (decision.reason, decision.message) or moved:
@@ -410,7 +418,7 @@ class Scheduler:
         if gate is not None:
             return [gate]
         spec = self.quotas.specs[task.queue]
-        shape = (task.queue, task.request, task.cpu_milli, task.memory_mib)
+        shape = (task.queue, task.fit_key)
         known = memo.outcomes.get(shape)
         if known is None:
             quota = self._quota_check(task)
@@ -429,7 +437,7 @@ class Scheduler:
             memo.preemption_failed.add(attempt)
         if spec.strategy == "StrictFIFO" and known.reason is not Reason.INADMISSIBLE:  # the never-fitting block nobody
             memo.blocked_queues.add(task.queue)
-        return [Pending(task, *known)]
+        return [Pending(task, known.reason, known.message, filters=known.filters)]
 
     def _queue_gate(self, task: Task, memo: _CycleMemo) -> Pending | None:
         spec = self.quotas.specs.get(task.queue)
@@ -442,7 +450,7 @@ class Scheduler:
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
         refusal = namespace_refusal(task, spec)
         if refusal is not None:
-            return Pending(task, *refusal)
+            return Pending(task, refusal.reason, refusal.message)
         if task.queue in memo.blocked_queues:
             return Pending(task, WAITING_FOR_HEAD, f"StrictFIFO: waiting behind the head of {task.queue!r}")
         return None
@@ -463,6 +471,7 @@ class Scheduler:
     def _unqueue(self, key: TaskKey) -> None:
         self.pending.discard(key)
         self.reasons.pop(key, None)
+        self.filters.pop(key, None)
 
     # -- preemption -----------------------------------------------------------------------------
     def _preempt(self, task: Task, quota: QuotaCheck, now: float) -> list[Decision]:

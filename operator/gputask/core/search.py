@@ -113,7 +113,7 @@ def board_for(index: NodeIndex, policy: Policy, task: Task) -> tuple[Board, dict
     if entry is None or entry[0] is not policy or entry[1] != generation:  # holding the policy keeps its id unique
         entry = index.memos[id(policy)] = (policy, generation, {})
     shapes: dict[object, tuple[Board, dict[int, Evaluation]]] = entry[2]
-    key = (task.request, task.cpu_milli, task.memory_mib)
+    key = task.fit_key
     found = shapes.get(key)
     if found is None:
         if len(shapes) >= _SHAPES_LIMIT:

@@ -1,4 +1,9 @@
-"""GPUs held by pods gputask did not create, so it never places work on a GPU someone else has.
+"""GPUs and node resources held by pods gputask did not create, so it never places work on a GPU
+someone else has, nor onto a node whose cpu, memory or pod slots other pods already take.
+
+Every foreign pod bound to a node and not finished (DaemonSets included) counts with its effective
+requests (:func:`gputask.manifests.podfit.pod_requests`, kube-scheduler's rules): the inventory
+offers the scheduler the Node's allocatable less their sum (:meth:`ForeignPods.requests_on`).
 
 A pod counts as *foreign GPU use* when it has no ``gputask.io/task`` label, is bound to a node
 (``spec.nodeName``), has not finished (phase not Succeeded or Failed), and either requests
@@ -32,6 +37,7 @@ from typing import Any
 
 from gputask.core import Node
 from gputask.k8s.jobs import TASK_LABEL, VISIBLE_DEVICES
+from gputask.manifests.podfit import Requests, pod_requests
 
 GPU_RESOURCE = "nvidia.com/gpu"
 FINISHED_POD_PHASES = ("Succeeded", "Failed")
@@ -98,63 +104,91 @@ def claim_of(spec: Mapping[str, Any]) -> GpuClaim | None:
     return GpuClaim(count, tuple(devices), every)
 
 
-def may_claim(body: Mapping[str, Any], **_: Any) -> bool:
-    """Cheap kopf filter: a pod whose spec can hold GPUs (specs of running pods do not change)."""
-    return claim_of(body.get("spec") or {}) is not None
+def bound(body: Mapping[str, Any], **_: Any) -> bool:
+    """Cheap kopf filter: a pod bound to a node (only those hold anything of a node)."""
+    return bool((body.get("spec") or {}).get("nodeName"))
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignPod:
+    """What one foreign pod holds on its node: GPUs (None: none) and effective requests."""
+
+    claim: GpuClaim | None
+    requests: Requests
+
+
+def foreign_pod(pod: Mapping[str, Any]) -> tuple[str, ForeignPod] | None:
+    """(node, what it holds) of a foreign pod bound and not finished; None for ours, unbound or finished pods."""
+    meta = pod.get("metadata") or {}
+    if TASK_LABEL in (meta.get("labels") or {}):
+        return None
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    if not node or phase in FINISHED_POD_PHASES:
+        return None
+    try:
+        requests = pod_requests(spec)
+    except ValueError:
+        requests = Requests()  # the API server accepted it, so this does not happen; never crash on it
+    return str(node), ForeignPod(claim_of(spec), requests)
 
 
 def pod_claim(pod: Mapping[str, Any]) -> tuple[str, GpuClaim] | None:
     """(node, claim) of a foreign pod that holds GPUs now; None for ours, unbound, finished or GPU-less pods."""
-    meta = pod.get("metadata") or {}
-    if TASK_LABEL in (meta.get("labels") or {}):
-        return None
-    node = (pod.get("spec") or {}).get("nodeName")
-    phase = (pod.get("status") or {}).get("phase")
-    if not node or phase in FINISHED_POD_PHASES:
-        return None
-    claim = claim_of(pod.get("spec") or {})
-    return None if claim is None else (str(node), claim)
+    found = foreign_pod(pod)
+    return None if found is None or found[1].claim is None else (found[0], found[1].claim)
 
 
 class ForeignPods:
-    """Incremental index of foreign GPU claims by node; survives operator rebuilds."""
+    """Incremental index of foreign pods (GPU claims and requests) by node; survives operator rebuilds."""
 
     def __init__(self) -> None:
-        self.by_node: dict[str, dict[str, GpuClaim]] = {}
+        self.by_node: dict[str, dict[str, ForeignPod]] = {}
         self.node_of: dict[str, str] = {}  # pod uid -> node
 
     def on_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> str | None:
-        """Take one pod event; returns the node whose claims changed, else None."""
+        """Take one pod event; returns the node whose foreign pods changed, else None."""
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid:
             return None
-        found = None if deleted else pod_claim(pod)
+        found = None if deleted else foreign_pod(pod)
         old_node = self.node_of.get(uid)
         if found is None:
             if old_node is None:
                 return None
             self._drop(uid, old_node)
             return old_node
-        node, claim = found
-        if old_node == node and self.by_node[node].get(uid) == claim:
+        node, held = found
+        if old_node == node and self.by_node[node].get(uid) == held:
             return None
         if old_node is not None:
             self._drop(uid, old_node)
-        self.by_node.setdefault(node, {})[uid] = claim
+        self.by_node.setdefault(node, {})[uid] = held
         self.node_of[uid] = node
         return node
 
     def reset(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the index with the claims of ``pods`` (a fresh listing)."""
+        """Replace the index with the foreign pods among ``pods`` (a fresh listing)."""
         self.by_node.clear()
         self.node_of.clear()
         for pod in pods:
             self.on_pod(pod)
 
     def claims_on(self, node: str) -> list[GpuClaim]:
-        """The claims of the foreign pods bound to ``node``, in pod uid order."""
-        claims = self.by_node.get(node) or {}
-        return [claims[uid] for uid in sorted(claims)]
+        """The GPU claims of the foreign pods bound to ``node``, in pod uid order."""
+        pods = self.by_node.get(node) or {}
+        return [claim for uid in sorted(pods) if (claim := pods[uid].claim) is not None]
+
+    def requests_on(self, node: str) -> tuple[Requests, int]:
+        """The summed effective requests of the foreign pods bound to ``node``, and how many they are."""
+        pods = (self.by_node.get(node) or {}).values()
+        total = Requests(
+            sum(p.requests.cpu_milli for p in pods),
+            sum(p.requests.memory_mib for p in pods),
+            sum(p.requests.ephemeral_mib for p in pods),
+        )
+        return total, len(pods)
 
     def _drop(self, uid: str, node: str) -> None:
         self.node_of.pop(uid, None)

@@ -41,7 +41,7 @@ from gputask.k8s.client import (
 )
 from gputask.k8s.controller import Controller, Report
 from gputask.k8s.executor import Executor
-from gputask.k8s.foreign import UNFINISHED_PODS, may_claim
+from gputask.k8s.foreign import UNFINISHED_PODS, bound
 from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
 from gputask.k8s.kueue import KueueSupport
 from gputask.k8s.leader import LeaderElector
@@ -222,7 +222,7 @@ class Operator:
         self.kueue.wake()
 
     async def on_pod(self, event: dict[str, Any], **_: Any) -> None:
-        """A pod that may hold GPUs changed: update the foreign-use index and that node's GPUs."""
+        """A foreign pod bound to a node changed: update the foreign-pod index and that node's GPUs and offer."""
         async with self.gate:
             node = self.controller.foreign.on_pod(event["object"], deleted=event.get("type") == "DELETED")
             if node is not None and self.leading:
@@ -279,7 +279,7 @@ class Operator:
         kopf.on.cleanup(registry=reg)(self.on_cleanup)
         kopf.on.event("gputask.io", "v1alpha1", "gputasks", registry=reg)(self.on_task)
         kopf.on.event("batch", "v1", "jobs", registry=reg, annotations={TASK_UID_ANNOTATION: kopf.PRESENT})(self.on_job)
-        kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.ABSENT}, when=may_claim)(self.on_pod)
+        kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.ABSENT}, when=bound)(self.on_pod)
         kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.PRESENT}, id="task-pods")(self.on_task_pod)
         if self.config.queueing == "kueue":
             kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", registry=reg)(self.on_workload)

@@ -14,8 +14,10 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
+from gputask.core.model import HostUse
 from gputask.k8s.foreign import GPU_RESOURCE, ForeignPods, occupied_gpus
 from gputask.manifests import convert
+from gputask.manifests.podfit import node_offer
 
 log = logging.getLogger("gputask.inventory")
 
@@ -124,7 +126,7 @@ class Inventory:
 
     # -- nodes ----------------------------------------------------------------------------
     def on_node(self, obj: Mapping[str, Any], now: float, deleted: bool = False) -> None:
-        """A v1 Node changed: readiness, cordon, out-of-service taint or deletion."""
+        """A v1 Node changed: readiness, cordon, taints, labels, allocatable, or deletion."""
         name = _name(obj)
         if name is None:
             return
@@ -190,6 +192,7 @@ class Inventory:
         node, refused = self._sound(node)
         errors = [*errors, *refused, *([lie] if lie else [])]
         node = self._with_foreign_use(node, convert.reported_used_mib(status))
+        node = self._with_offer(node)
         if errors != self.gpunode_errors.get(name, []):
             for line in errors:
                 log.warning("GPUNode %s: rejected %s", name, line)
@@ -254,6 +257,22 @@ class Inventory:
         held = occupied_gpus(node, self.foreign.claims_on(node.name), ours)
         full = tuple(replace(g, foreign_mib=g.memory_mib) if g.index in held else g for g in node.gpus)
         return replace(node, gpus=full)
+
+    def _with_offer(self, node: Node) -> Node:
+        """The Node's labels, taints and allocatable cpu, memory, ephemeral-storage and pods, and what
+        foreign pods bound to it request (kube-scheduler's NodeResourcesFit arithmetic)."""
+        offer = node_offer(self.nodes.get(node.name))
+        used, count = self.foreign.requests_on(node.name)
+        return replace(
+            node,
+            cpu_milli=offer.cpu_milli,
+            memory_mib=offer.memory_mib,
+            ephemeral_mib=offer.ephemeral_mib,
+            pods=offer.pods,
+            labels=offer.labels,
+            taints=offer.taints,
+            foreign_use=HostUse(used.cpu_milli, used.memory_mib, used.ephemeral_mib, count),
+        )
 
     def check_heartbeats(self, now: float) -> None:
         """Re-evaluate heartbeat staleness (time passes without events)."""

@@ -233,7 +233,7 @@ class KueueAdmission:
                         return
                     self.held[key] = record.key
         if refusal is not None:
-            await self._retry(key, wl, record, *refusal)
+            await self._retry(key, wl, record, refusal.reason, refusal.message)
             return
         assert placement is not None
         message = f"placed on {describe(placement)}"

@@ -42,6 +42,7 @@ from gputask.core.quota import (
     WithinClusterQueue,
 )
 from gputask.manifests.fields import aggregate
+from gputask.manifests.podfit import constraints_of, pod_requests
 from gputask.manifests.podspec import template_problems
 
 MIB = 1 << 20
@@ -144,7 +145,8 @@ def task_from_manifest(
     ``workload_priority_of`` resolves the label ``kueue.x-k8s.io/priority-class`` (a Kueue
     WorkloadPriorityClass; when not given, ``priority_of`` is used for the label too),
     None when it does not exist. The pod template is checked against what the Job API refuses
-    (:mod:`gputask.manifests.podspec`) when there is one (scenarios have none). Raises InvalidTaskError
+    (:mod:`gputask.manifests.podspec`) when there is one, and read for the pod's requests, node selector,
+    affinity and tolerations (:mod:`gputask.manifests.podfit`). Raises InvalidTaskError
     with reason InvalidSpec, MissingQueueName or PriorityClassNotFound.
     """
     meta = obj.get("metadata") or {}
@@ -171,6 +173,12 @@ def task_from_manifest(
     problems = template_problems(spec["template"]) if spec.get("template") is not None else []
     if problems:
         raise _bad(f"the pod template would be refused as a Job's: {aggregate(problems)}")
+    pod = (spec.get("template") or {}).get("spec") or {}
+    try:
+        requests = pod_requests(pod, "spec.template.spec")
+        constraints = constraints_of(pod, "spec.template.spec")
+    except ValueError as exc:
+        raise _bad(f"the pod template would be refused as a Job's: {exc}") from None
     return Task(
         key=task_key(str(meta.get("namespace") or "default"), meta["name"]),
         queue=queue,
@@ -179,6 +187,10 @@ def task_from_manifest(
         created=timestamp(meta.get("creationTimestamp")),
         namespace_labels=tuple(sorted((namespace_labels or {}).items())),
         max_reschedules=_int_field(spec, "maxReschedules", 3, 0, 1000),
+        cpu_milli=requests.cpu_milli,
+        memory_mib=requests.memory_mib,
+        ephemeral_mib=requests.ephemeral_mib,
+        constraints=constraints,
     )
 
 

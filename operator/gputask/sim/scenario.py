@@ -28,6 +28,9 @@ What the events do (the operator's calls into the core):
 - ``nodeDeleted``: ``Scheduler.remove_node``: its tasks are evicted at once (NodeFailure).
 - ``gpuUnhealthy``: ``Scheduler.set_node`` with the GPU unhealthy: no new work, its tasks
   evicted at once (GPUFailure).
+- ``nodeUpdate``: ``Scheduler.set_node`` with the node's labels, taints or cordon replaced: the
+  next cycle places nothing new where the task's selector, affinity or tolerations no longer
+  allow it (running tasks stay: filters never evict; a NoExecute eviction is the taint manager's, not simulated).
 - ``restartOperator``: the scheduler is dropped and rebuilt from durable state only, as the
   operator rebuilds from the API: nodes (GPU health, and since when a node is NotReady),
   queues, running tasks with their placement and admission time (``restore``), failure
@@ -77,6 +80,7 @@ from gputask.sim.scenario_model import (
     Event,
     GpuRef,
     NodeRef,
+    NodeUpdate,
     Scenario,
     ScenarioError,
     Submit,
@@ -86,6 +90,7 @@ from gputask.sim.scenario_model import (
     fifo_baseline,
     load_scenario,
     scenario_gpus,
+    updated,
 )
 
 __all__ = [
@@ -235,6 +240,12 @@ class _Run:
             self._delete(now, self.by_key.pop(TaskKey(body.key)))
         elif isinstance(body, GpuRef):
             self._gpu_unhealthy(NodeName(body.node), body.index)
+        elif isinstance(body, NodeUpdate):
+            name = NodeName(body.name)
+            self.nodes[name] = updated(
+                self.nodes[name], labels=body.labels, taints=body.taints, unschedulable=body.unschedulable
+            )
+            self.scheduler.set_node(self.nodes[name])
         elif isinstance(body, NodeRef):
             name = NodeName(body.name)
             if event.kind == "nodeDeleted":

@@ -13,18 +13,24 @@ that is still there, or naming a node (or GPU index) that does not exist (any mo
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
+from gputask.core.fit import Taint
 from gputask.manifests.convert import MIB, quantity, queue_from_manifest, to_mib
 
-EVENT_KINDS = ("submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "restartOperator")
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+EVENT_KINDS = (
+    "submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "nodeUpdate", "restartOperator",
+)
 
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
@@ -44,12 +50,39 @@ class GpuSpec(_Strict):
     memory: Any = Field(description="a quantity; checked by manifests.convert.to_mib when loading")
 
 
+class TaintSpec(_Strict):
+    """A node taint, as in core/v1: ``key``, ``value`` (may be empty), ``effect``."""
+
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
 class NodeSpec(_Strict):
-    """A GPU node; its GPUs get index = position and UUID ``GPU-<node>-<index>``."""
+    """A GPU node; its GPUs get index = position and UUID ``GPU-<node>-<index>``.
+
+    ``cpu``, ``memory`` (quantities) and ``pods`` are its allocatable; absent means unlimited.
+    ``labels``, ``taints`` and ``unschedulable`` (cordoned) as on a v1 Node; ``kubernetes.io/hostname``
+    is the node's name unless ``labels`` says otherwise, as the kubelet labels every Node.
+    """
 
     name: str = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuSpec] = Field(min_length=1)
+    cpu: Any = None
+    memory: Any = None
+    pods: Annotated[int, Field(ge=0)] | None = None
+    taints: list[TaintSpec] = Field(default_factory=list)
+    unschedulable: bool = False
+
+
+class NodeUpdate(_Strict):
+    """``nodeUpdate``: replace the given fields of a node at that instant (label, taint, cordon)."""
+
+    name: str = Field(min_length=1)
+    labels: dict[str, str] | None = None
+    taints: list[TaintSpec] | None = None
+    unschedulable: bool | None = None
 
 
 class QueueEntry(_Strict):
@@ -156,6 +189,7 @@ class Event(_Strict):
     node_up: NodeRef | None = Field(None, alias="nodeUp")
     node_deleted: NodeRef | None = Field(None, alias="nodeDeleted")
     gpu_unhealthy: GpuRef | None = Field(None, alias="gpuUnhealthy")
+    node_update: NodeUpdate | None = Field(None, alias="nodeUpdate")
     restart_operator: Nothing | None = Field(None, alias="restartOperator")
 
     @model_validator(mode="before")
@@ -192,6 +226,7 @@ _FIELD_OF = {
     "nodeUp": "node_up",
     "nodeDeleted": "node_deleted",
     "gpuUnhealthy": "gpu_unhealthy",
+    "nodeUpdate": "node_update",
     "restartOperator": "restart_operator",
 }
 
@@ -296,8 +331,8 @@ def check_references(scenario: Scenario) -> None:
             if body.key not in live:
                 problems.append(f"{where}: no task {body.key} to delete")
             live.discard(body.key)
-        elif isinstance(body, NodeRef | GpuRef):
-            name = body.name if isinstance(body, NodeRef) else body.node
+        elif isinstance(body, NodeRef | GpuRef | NodeUpdate):
+            name = body.node if isinstance(body, GpuRef) else body.name
             if name not in gpus:
                 problems.append(f"{where}: no node {name!r}")
             elif isinstance(body, GpuRef) and body.index >= gpus[name]:
@@ -344,8 +379,34 @@ def core_nodes(scenario: Scenario) -> list[Node]:
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
             gpus.append(Gpu(j, f"GPU-{spec.name}-{j}", gpu.product.replace(" ", "-"), memory))
-        nodes.append(Node(NodeName(spec.name), tuple(gpus), labels=tuple(sorted(spec.labels.items()))))
+        try:
+            cpu = None if spec.cpu is None else math.floor(quantity(spec.cpu, field=f"nodes[{i}].cpu") * 1000)
+            host = None if spec.memory is None else math.floor(quantity(spec.memory, field=f"nodes[{i}].memory") / MIB)
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
+        node = Node(NodeName(spec.name), tuple(gpus), cpu_milli=cpu, memory_mib=host, pods=spec.pods)
+        labels = {HOSTNAME_LABEL: spec.name, **spec.labels}  # as the kubelet labels every Node
+        nodes.append(updated(node, labels=labels, taints=spec.taints, unschedulable=spec.unschedulable))
     return nodes
+
+
+def updated(
+    node: Node,
+    *,
+    labels: Mapping[str, str] | None = None,
+    taints: Iterable[TaintSpec] | None = None,
+    unschedulable: bool | None = None,
+) -> Node:
+    """``node`` with the given fields replaced (a ``nodeUpdate``); a cordoned node takes no new work."""
+    changes: dict[str, Any] = {}
+    if labels is not None:
+        changes["labels"] = tuple(sorted({HOSTNAME_LABEL: node.name, **labels}.items()))
+    if taints is not None:
+        changes["taints"] = tuple(Taint(t.key, t.value, t.effect) for t in taints)
+    if unschedulable is not None:
+        changes["schedulable"] = not unschedulable
+        changes["unschedulable_reason"] = "cordoned" if unschedulable else ""
+    return dataclasses.replace(node, **changes)
 
 
 def core_queues(scenario: Scenario) -> list[QueueSpec]:

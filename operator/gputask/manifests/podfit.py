@@ -1,0 +1,245 @@
+"""What a pod asks of its node, and what a Node offers, read as kube-scheduler reads them.
+
+- :func:`pod_requests`: a pod spec's effective requests (``PodRequests`` in Kubernetes'
+  ``pkg/api/v1/resource`` / ``component-helpers``): the containers' requests summed, restartable
+  init containers (sidecars, ``restartPolicy: Always``) added to them, the larger of that and the
+  largest ordinary init container (plus the sidecars started before it), then ``spec.overhead``
+  added. A container without a request but with a limit requests its limit (the API server's
+  defaulting of pods; a GPUTask's template is not defaulted before its Job is made).
+- :func:`constraints_of`: ``nodeSelector``, required node affinity and tolerations as
+  :class:`gputask.core.fit.Constraints`, refusing what the pod API would refuse.
+- :func:`node_offer`: a Node's allocatable cpu, memory, ephemeral-storage and pods, labels, taints.
+
+Units: millicores and MiB, rounded up for requests and down for allocatable (never optimistic).
+Errors: ValueError naming the field (the converter turns it into the task's InvalidSpec).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from gputask.core.fit import SELECTOR_OPERATORS, Constraints, Requirement, Taint, Term, Toleration
+
+MIB = Decimal(1 << 20)
+RESOURCES = ("cpu", "memory", "ephemeral-storage")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """A pod's effective requests: millicores, MiB of memory, MiB of ephemeral-storage."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    ephemeral_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A Node's allocatable (None: not reported), labels (sorted pairs) and taints."""
+
+    cpu_milli: int | None
+    memory_mib: int | None
+    ephemeral_mib: int | None
+    pods: int | None
+    labels: tuple[tuple[str, str], ...]
+    taints: tuple[Taint, ...]
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _amount(value: Any, field: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"{field}: {value!r} is not a quantity")
+    try:
+        amount = Decimal(parse_quantity(value))
+    except (ValueError, TypeError, InvalidOperation) as exc:
+        raise ValueError(f"{field}: {value!r} is not a quantity ({exc})") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"{field}: {value!r} is not a non-negative quantity")
+    return amount
+
+
+def _units(resource: str, amount: Decimal, *, up: bool) -> int:
+    scaled = amount * 1000 if resource == "cpu" else amount / MIB
+    return math.ceil(scaled) if up else math.floor(scaled)
+
+
+def _container_requests(container: Mapping[str, Any], field: str) -> dict[str, Decimal]:
+    resources = _mapping(container.get("resources"))
+    requests, limits = _mapping(resources.get("requests")), _mapping(resources.get("limits"))
+    out: dict[str, Decimal] = {}
+    for name in RESOURCES:
+        if name in requests:
+            out[name] = _amount(requests[name], f"{field}.resources.requests[{name}]")
+        elif name in limits:
+            out[name] = _amount(limits[name], f"{field}.resources.limits[{name}]")
+    return out
+
+
+def _add(into: dict[str, Decimal], more: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    out = dict(into)
+    for name, amount in more.items():
+        out[name] = out.get(name, Decimal(0)) + amount
+    return out
+
+
+def _max(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    return {name: max(a.get(name, Decimal(0)), b.get(name, Decimal(0))) for name in set(a) | set(b)}
+
+
+def pod_requests(spec: Mapping[str, Any], path: str = "spec") -> Requests:
+    """A pod spec's effective requests (module docstring); raises ValueError on a bad quantity."""
+    total: dict[str, Decimal] = {}
+    for i, container in enumerate(spec.get("containers") or []):
+        total = _add(total, _container_requests(_mapping(container), f"{path}.containers[{i}]"))
+    sidecars: dict[str, Decimal] = {}
+    inits: dict[str, Decimal] = {}
+    for i, raw in enumerate(spec.get("initContainers") or []):
+        container = _mapping(raw)
+        asked = _container_requests(container, f"{path}.initContainers[{i}]")
+        if container.get("restartPolicy") == "Always":
+            total = _add(total, asked)
+            sidecars = _add(sidecars, asked)
+            inits = _max(inits, sidecars)
+        else:
+            inits = _max(inits, _add(asked, sidecars))
+    total = _max(total, inits)
+    overhead = _mapping(spec.get("overhead"))
+    total = _add(total, {n: _amount(overhead[n], f"{path}.overhead[{n}]") for n in RESOURCES if n in overhead})
+    cpu, memory, storage = (_units(n, total.get(n, Decimal(0)), up=True) for n in RESOURCES)
+    return Requests(cpu, memory, storage)
+
+
+def _strings(value: Any, field: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{field}: must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _requirement(raw: Any, field: str, *, on_name: bool) -> Requirement:
+    entry = _mapping(raw)
+    key, op = entry.get("key"), entry.get("operator")
+    values = _strings(entry.get("values"), f"{field}.values")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{field}.key: Required value")
+    if op not in SELECTOR_OPERATORS:
+        raise ValueError(f"{field}.operator: Unsupported value: {op!r}: supported values: {sorted(SELECTOR_OPERATORS)}")
+    if on_name and (key != "metadata.name" or op not in ("In", "NotIn") or len(values) != 1):
+        raise ValueError(f"{field}: matchFields supports only key metadata.name with In or NotIn and one value")
+    if op in ("In", "NotIn") and not values:
+        raise ValueError(f"{field}.values: Required value: must be specified when `operator` is 'In' or 'NotIn'")
+    if op in ("Exists", "DoesNotExist") and values:
+        raise ValueError(
+            f"{field}.values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+        )
+    if op in ("Gt", "Lt"):
+        if len(values) != 1:
+            raise ValueError(
+                f"{field}.values: Required value: must be specified single value when `operator` is 'Lt' or 'Gt'"
+            )
+        try:
+            int(values[0])
+        except ValueError:
+            raise ValueError(f"{field}.values[0]: Invalid value: {values[0]!r}: must be an integer") from None
+    return Requirement(key, op, values)
+
+
+def _tolerations(raw: Any, field: str) -> tuple[Toleration, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError(f"{field}: must be a list, got {raw!r}")
+    out = []
+    for i, item in enumerate(raw):
+        entry, where = _mapping(item), f"{field}[{i}]"
+        key, op = entry.get("key") or "", entry.get("operator") or "Equal"
+        value, effect = entry.get("value") or "", entry.get("effect") or ""
+        if not all(isinstance(v, str) for v in (key, op, value, effect)):
+            raise ValueError(f"{where}: key, operator, value and effect must be strings")
+        if op not in ("Equal", "Exists"):
+            raise ValueError(f"{where}.operator: Unsupported value: {op!r}: supported values: \"Equal\", \"Exists\"")
+        if not key and op != "Exists":
+            raise ValueError(f"{where}.operator: Invalid value: {op!r}: operator must be Exists when `key` is empty")
+        if op == "Exists" and value:
+            raise ValueError(f"{where}.operator: Invalid value: value must be empty when `operator` is 'Exists'")
+        if effect and effect not in TAINT_EFFECTS:
+            raise ValueError(f"{where}.effect: Unsupported value: {effect!r}")
+        out.append(Toleration(key, op, value, effect))
+    return tuple(out)
+
+
+def constraints_of(spec: Mapping[str, Any], path: str = "spec") -> Constraints | None:
+    """The node constraints of a pod spec, None when it has none; raises ValueError on what the pod
+    API refuses (unknown operators, values where none may be, an empty toleration key without Exists)."""
+    selector = spec.get("nodeSelector") or {}
+    if not isinstance(selector, Mapping) or not all(isinstance(v, str) for v in selector.values()):
+        raise ValueError(f"{path}.nodeSelector: must be a map of strings")
+    required = _mapping(_mapping(_mapping(spec.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"))
+    terms: tuple[Term, ...] | None = None
+    if required:
+        raw_terms = required.get("nodeSelectorTerms")
+        where = f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+        if not isinstance(raw_terms, list) or not raw_terms:
+            raise ValueError(f"{where}: Required value: must have at least one node selector term")
+        terms = tuple(
+            Term(
+                tuple(_requirement(r, f"{where}[{i}].matchExpressions[{j}]", on_name=False)
+                      for j, r in enumerate(_mapping(t).get("matchExpressions") or [])),
+                tuple(_requirement(r, f"{where}[{i}].matchFields[{j}]", on_name=True)
+                      for j, r in enumerate(_mapping(t).get("matchFields") or [])),
+            )
+            for i, t in enumerate(raw_terms)
+        )
+    tolerations = _tolerations(spec.get("tolerations"), f"{path}.tolerations")
+    if not selector and terms is None and not tolerations:
+        return None
+    return Constraints(tuple(sorted((str(k), v) for k, v in selector.items())), terms, tolerations)
+
+
+def _allocatable(allocatable: Mapping[str, Any], name: str) -> int | None:
+    if name not in allocatable:
+        return None
+    try:
+        amount = _amount(allocatable[name], f"status.allocatable[{name}]")
+    except ValueError:
+        return 0  # unreadable: offer nothing rather than everything
+    return int(amount) if name == "pods" else _units(name, amount, up=False)
+
+
+def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
+    """A Node's taints (malformed entries skipped: the API server refuses them anyway)."""
+    out = []
+    for raw in _mapping(node.get("spec")).get("taints") or []:
+        taint = _mapping(raw)
+        key, value, effect = taint.get("key"), taint.get("value") or "", taint.get("effect")
+        if isinstance(key, str) and key and isinstance(value, str) and effect in TAINT_EFFECTS:
+            out.append(Taint(key, value, effect))
+    return tuple(out)
+
+
+def node_offer(node: Mapping[str, Any] | None) -> Offer:
+    """A v1 Node's allocatable, labels and taints; a Node not seen (None) offers no limits and no labels."""
+    if node is None:
+        return Offer(None, None, None, None, (), ())
+    allocatable = _mapping(_mapping(node.get("status")).get("allocatable"))
+    labels = _mapping(_mapping(node.get("metadata")).get("labels"))
+    return Offer(
+        _allocatable(allocatable, "cpu"),
+        _allocatable(allocatable, "memory"),
+        _allocatable(allocatable, "ephemeral-storage"),
+        _allocatable(allocatable, "pods"),
+        tuple(sorted((str(k), v) for k, v in labels.items() if isinstance(v, str))),
+        node_taints(node),
+    )
