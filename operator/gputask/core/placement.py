@@ -348,11 +348,16 @@ def find_placement(
     *,
     quota: QuotaCheck | None = None,
     nodes: Sequence[NodeState] | None = None,
+    refused_anyway: bool = False,
 ) -> Outcome:
     """Find the best placement of ``task`` over ``nodes`` (default: every node, name order).
 
     The best is the lowest ``(score, node name)``; ``quota`` rejects candidates that
-    would exceed a queue's quota. Pure: the cluster is not changed (only its caches).
+    would exceed a queue's quota. ``refused_anyway`` says the caller knows ``quota`` refuses every
+    candidate (it refuses even the least the task could charge, and refusals are monotone in
+    usage): a board search then only looks for the node a refusal is reported for, instead of
+    asking ``quota`` about every fitting node; the outcome is the same. Pure: the cluster is not
+    changed (only its caches).
     """
     req = task.request
     search = _Search()
@@ -364,7 +369,7 @@ def find_placement(
         order = policy.node_order(len(rows))
         visits = range(len(rows)) if order is None else order
         if by_board:
-            _search_board(search, index, task, policy, quota)
+            _search_board(search, index, task, policy, quota, refused_anyway=refused_anyway)
         else:
             _search(search, index.states, rows, visits, task, policy, quota)
         product_seen = not req.products or index.has_product(req.products)
@@ -430,7 +435,9 @@ def _search(
             return
 
 
-def _search_board(search: _Search, index: NodeIndex, task: Task, policy: Policy, quota: QuotaCheck | None) -> None:
+def _search_board(
+    search: _Search, index: NodeIndex, task: Task, policy: Policy, quota: QuotaCheck | None, *, refused_anyway: bool
+) -> None:
     """Best-first search on the shape's board (see :mod:`gputask.core.search`)."""
     board, memo = board_for(index, policy, task)
     states, groups = index.states, index.group
@@ -447,9 +454,14 @@ def _search_board(search: _Search, index: NodeIndex, task: Task, policy: Policy,
         return found
 
     board.sync(index, evaluate)
-    entry, search.fits_somewhere, search.quota_resource = board.best(
-        None if quota is None else refuser(index, task, quota)
-    )
+    refuse = None if quota is None else refuser(index, task, quota)
+    if refuse is not None and refused_anyway:
+        first = board.first()  # every fitting node is refused: best() would report the first one's reason
+        why = None if first is None else refuse(first)
+        if first is None or why is not None:
+            search.fits_somewhere, search.quota_resource = first is not None, why
+            return
+    entry, search.fits_somewhere, search.quota_resource = board.best(refuse)
     if entry is not None:
         state = states[entry[1]]
         search.best = (entry[0], state.name, state, entry[2])

@@ -422,7 +422,8 @@ class Scheduler:
         known = memo.outcomes.get(shape)
         if known is None:
             quota = self._quota_check(task)
-            outcome = find_placement(self.cluster, task, self.policy, quota=quota)
+            floor = self.quotas.refuses(task.queue, self._min_usage(task)) is not None
+            outcome = find_placement(self.cluster, task, self.policy, quota=quota, refused_anyway=floor)
             if outcome.placement is not None:
                 return [self._admit(task, outcome.placement, now)]
             known = never_fits_queue(task, self.quotas) or explain(task, outcome, self.quotas, self.cluster)

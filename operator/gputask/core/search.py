@@ -78,6 +78,10 @@ class Board:
         else:
             self.heap.append(entry)
 
+    def first(self) -> Entry | None:
+        """The live entry of the smallest row (name order), or None when no node fits."""
+        return next((entry for entry in self.current if entry is not None), None)
+
     def best(self, refuse: Callable[[Entry], str | None] | None) -> tuple[Entry | None, bool, str | None]:
         """The best entry that ``refuse`` accepts (returns None for), whether any node fits, and
         when every fitting node is refused, the reason given for the one with the smallest name."""
