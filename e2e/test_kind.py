@@ -88,13 +88,13 @@ def admitted(cluster: Kube, name: str, namespace: str = NAMESPACE, *, attempt: i
 
 
 def pinned(job: dict[str, Any]) -> tuple[dict[str, Any], list[str], str]:
-    """A Job's placement annotation, its required hostname values, and NVIDIA_VISIBLE_DEVICES."""
+    """A Job's placement annotation, the node names its affinity requires, and NVIDIA_VISIBLE_DEVICES."""
     pod = job["spec"]["template"]["spec"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     return (
         json.loads(job["metadata"]["annotations"][PLACEMENT_ANNOTATION]),
-        terms[0]["matchExpressions"][0]["values"],
+        [v for f in terms[0]["matchFields"] if f["key"] == "metadata.name" for v in f["values"]],
         env["NVIDIA_VISIBLE_DEVICES"],
     )
 

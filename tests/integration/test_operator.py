@@ -51,8 +51,8 @@ async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster
                 "requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [
                         {
-                            "matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
                             ]
                         }
                     ]

@@ -81,8 +81,7 @@ async def test_unplaceable_pods_wait_with_the_reason_then_run_once_a_node_fits(c
         pod_spec = job["spec"]["template"]["spec"]
         terms = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert (pod_spec["nodeSelector"], terms["nodeSelectorTerms"]) == (
-            {"zone": "moon"}, [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                                      "values": ["node-c"]}]}])
+            {"zone": "moon"}, [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-c"]}]}])
 
 
 async def test_foreign_pods_take_their_requests_and_a_new_taint_stops_placements(cluster: Cluster) -> None:

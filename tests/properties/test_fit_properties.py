@@ -54,13 +54,17 @@ def requirement(draw: st.DrawFn) -> dict[str, Any]:
 def task_objs(draw: st.DrawFn, name: str) -> dict[str, Any]:
     """A GPUTask dict with a pod template."""
     def res() -> dict[str, Any]:
-        return {"requests": {"cpu": f"{draw(st.integers(0, 8000))}m", "memory": f"{draw(st.integers(0, 40))}Gi"}}
+        amounts = {"cpu": f"{draw(st.integers(0, 8000))}m", "memory": f"{draw(st.integers(0, 40))}Gi"}
+        return {"limits" if draw(st.booleans()) else "requests": amounts}  # a limit alone is the request
 
     pod: dict[str, Any] = {"containers": [{"name": f"c{i}", "image": "x", "resources": res()}
                                           for i in range(draw(st.integers(1, 2)))]}
+    inits = [{"name": f"i{i}", "image": "x", "resources": res(),
+              **({"restartPolicy": "Always"} if draw(st.booleans()) else {})} for i in range(draw(st.integers(0, 3)))]
+    if inits:
+        pod["initContainers"] = inits
     if draw(st.booleans()):
-        pod["initContainers"] = [{"name": "init", "image": "x", "resources": res(),
-                                  **({"restartPolicy": "Always"} if draw(st.booleans()) else {})}]
+        pod["overhead"] = {"cpu": f"{draw(st.integers(0, 500))}m", "memory": f"{draw(st.integers(0, 2))}Gi"}
     if draw(st.booleans()):
         pod["nodeSelector"] = draw(st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=1))
     if draw(st.booleans()):
@@ -115,20 +119,25 @@ def _gib(memory: str) -> int:
 
 
 def _pod_requests(pod: dict[str, Any]) -> tuple[int, int]:
-    """(millicores, GiB) by the documented rule, written out plainly."""
+    """(millicores, GiB) by replaying the pod's start: init containers one after another, each beside the
+    sidecars started before it; then the containers beside every sidecar; the pod needs its peak."""
     def of(c: dict[str, Any]) -> tuple[int, int]:
-        r = c["resources"]["requests"]
+        r = c["resources"].get("requests") or c["resources"]["limits"]
         return _milli(r["cpu"]), _gib(r["memory"])
 
-    cpu = sum(of(c)[0] for c in pod["containers"])
-    mem = sum(of(c)[1] for c in pod["containers"])
+    sidecars = (0, 0)
+    peak = (0, 0)  # per resource: the largest amount held at once
     for c in pod.get("initContainers", []):
-        ic, im = of(c)
+        cpu, mem = of(c)
+        running = (sidecars[0] + cpu, sidecars[1] + mem)
+        peak = (max(peak[0], running[0]), max(peak[1], running[1]))
         if c.get("restartPolicy") == "Always":
-            cpu, mem = cpu + ic, mem + im  # the one sidecar runs beside the containers
-        else:
-            cpu, mem = max(cpu, ic), max(mem, im)
-    return cpu, mem
+            sidecars = running
+    steady = (sidecars[0] + sum(of(c)[0] for c in pod["containers"]),
+              sidecars[1] + sum(of(c)[1] for c in pod["containers"]))
+    cpu, mem = max(peak[0], steady[0]), max(peak[1], steady[1])
+    overhead = pod.get("overhead", {})
+    return cpu + (_milli(overhead["cpu"]) if overhead else 0), mem + (_gib(overhead["memory"]) if overhead else 0)
 
 
 def fits(node: dict[str, Any], pod: dict[str, Any]) -> bool:
@@ -152,7 +161,8 @@ def fits(node: dict[str, Any], pod: dict[str, Any]) -> bool:
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_every_admitted_task_fits_its_node_by_an_independent_check(data: st.DataObject) -> None:
-    """Filters per task, and per node the sums of cpu, memory and pods within allocatable, after every cycle."""
+    """After every cycle: each admitted task passes the filters, per node the sums of cpu, memory and pods
+    stay within allocatable, and no waiting task would fit some node now (so admitting nothing fails)."""
     names = [f"n{i}" for i in range(data.draw(st.integers(1, 4)))]
     nodes = {n: data.draw(node_objs(n)) for n in names}
     s = Scheduler()
@@ -170,6 +180,7 @@ def test_every_admitted_task_fits_its_node_by_an_independent_check(data: st.Data
     for cycle in range(3):
         s.cycle(float(cycle))
         used: dict[str, list[int]] = {n: [0, 0, 0] for n in names}
+        gpu_used: dict[tuple[str, int], int] = {}
         for key, entry in s.running.items():
             name = entry.placement.node
             pod = tasks[key.split("/")[1]]["spec"]["template"]["spec"]
@@ -178,10 +189,22 @@ def test_every_admitted_task_fits_its_node_by_an_independent_check(data: st.Data
             used[name][0] += cpu
             used[name][1] += mem
             used[name][2] += 1
+            for slot in entry.placement.gpus:
+                gpu_used[(name, slot.index)] = gpu_used.get((name, slot.index), 0) + slot.memory_mib
         for name, (cpu, mem, pods) in used.items():
             allocatable = nodes[name]["status"]["allocatable"]
             assert cpu <= _milli(allocatable["cpu"]) and mem <= _gib(allocatable["memory"])
             assert pods <= int(allocatable["pods"])
+        for task in s.pending:  # and nothing waits that some node could take now
+            pod = tasks[task.key.split("/")[1]]["spec"]["template"]["spec"]
+            cpu, mem = _pod_requests(pod)
+            need = _gib(tasks[task.key.split("/")[1]]["spec"]["gpuMemory"]) * 1024
+            for name, obj in nodes.items():
+                allocatable = obj["status"]["allocatable"]
+                room = (cpu + used[name][0] <= _milli(allocatable["cpu"]) and mem + used[name][1] <= _gib(
+                    allocatable["memory"]) and used[name][2] < int(allocatable["pods"]))
+                gpu = any(24 * 1024 - gpu_used.get((name, i), 0) >= need for i in range(2))
+                assert not (fits(obj, pod) and room and gpu), (task.key, name)
         assert s.violations() == []
         if s.running:
             s.finish(sorted(s.running)[0])

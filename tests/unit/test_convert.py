@@ -28,6 +28,8 @@ from gputask.manifests.convert import gpu_request, node_from_gpunode, queue_from
 
 PRIORITIES = {"high": 1000, "low": -5}
 
+QUANTITY_RULE = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+
 
 def manifest(spec: dict[str, Any] | None = None, **metadata: Any) -> dict[str, Any]:
     """A GPUTask object named ``train`` in ``ml`` with queue ``team-a`` and the given spec fields."""
@@ -109,7 +111,7 @@ def test_gpus_outside_1_to_16_or_not_an_integer_is_invalid(gpus: Any, message: s
         ({"gpuMemory": "-1Gi"}, "spec.gpuMemory: '-1Gi' must be positive"),
         ({"gpuMemory": "0"}, "spec.gpuMemory: '0' must be positive"),
         ({"gpuMemory": "1Ei"}, "spec.gpuMemory: '1Ei' is more than any GPU has (limit 1Ti)"),
-        ({"gpuMemory": "abc"}, "spec.gpuMemory: 'abc' is not a quantity (Invalid number format: abc)"),
+        ({"gpuMemory": "abc"}, "spec.gpuMemory: 'abc': " + QUANTITY_RULE),
         (
             {"gpuMemory": "8Gi", "gpuFraction": "0.5"},
             "set at most one of spec.gpuMemory and spec.gpuFraction",
@@ -217,7 +219,7 @@ def test_an_empty_queue_spec_gets_kueue_defaults() -> None:
         ),
         (
             {"resources": [{"name": "nvidia.com/gpu", "nominalQuota": "lots"}]},
-            "resources[nvidia.com/gpu].nominalQuota: 'lots' is not a quantity (Invalid number format: lots)",
+            "resources[nvidia.com/gpu].nominalQuota: 'lots': " + QUANTITY_RULE,
         ),
         ({"queueingStrategy": "LIFO"}, "queueingStrategy 'LIFO': use BestEffortFIFO or StrictFIFO"),
         (
@@ -226,7 +228,7 @@ def test_an_empty_queue_spec_gets_kueue_defaults() -> None:
         ),
         (
             {"fairSharing": {"weight": "abc"}},
-            "fairSharing.weight: 'abc' is not a quantity (Invalid number format: abc)",
+            "fairSharing.weight: 'abc': " + QUANTITY_RULE,
         ),
     ],
 )
@@ -286,7 +288,7 @@ def test_a_malformed_gpu_entry_is_rejected_alone() -> None:
     assert node_from_gpunode("n", status) == (
         Node(NodeName("n"), (Gpu(0, "GPU-a", "NVIDIA-A10", 24576), Gpu(5, "GPU-f", "unknown", 16384))),
         [
-            "status.gpus[1]: memory: 'abc' is not a quantity (Invalid number format: abc)",
+            "status.gpus[1]: memory: 'abc': " + QUANTITY_RULE,
             "status.gpus[2]: missing field 'uuid'",
             "status.gpus[3]: index must be a non-negative integer, got -1",
             "status.gpus[4]: expected an object, got 'junk'",

@@ -296,6 +296,30 @@ def test_with_a_quota_check_the_outcome_is_the_plain_searchs(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes_st, tasks_st, st.sampled_from(["bestfit", "firstfit", "fgd", "packing"]), st.sets(gpu_sizes, min_size=1))
+def test_a_quota_that_refuses_everything_reports_as_the_full_search_does(
+    nodes: list, tasks: list, name: str, sizes: set[int]
+) -> None:
+    """``refused_anyway`` (the quota refuses even the least the task could charge) gives the outcome of the
+    full search: whether some node fits, and the refusal reported for the first one in name order."""
+    cluster = ClusterState(build(nodes))
+    policy = make_policy(name)
+    reason = {size: f"refused {size}" for size in sizes}
+
+    def quota(state: NodeState, placement: Placement) -> str | None:  # refuses all, the reason per size
+        picked = sorted(g.memory_mib for g in state.node.gpus if g.index in placement.indices)
+        return reason.get(picked[0], "refused") if picked else "refused"
+
+    for i, spec in enumerate(tasks):
+        t = to_task(i, spec)
+        fast = find_placement(cluster, t, policy, quota=quota, refused_anyway=True)
+        assert fast == find_placement(cluster, t, policy, quota=quota) == plain_search(cluster, t, policy, quota)
+        placed = find_placement(cluster, t, policy)
+        if placed.placement is not None:
+            cluster.reserve(t, placed.placement)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes_st, tasks_st, st.integers(0, 10))
 def test_random_fit_places_whenever_the_plain_search_can_and_only_on_feasible_gpus(
     nodes: list, tasks: list, seed: int

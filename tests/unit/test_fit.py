@@ -3,11 +3,14 @@ semantics, the pod's effective requests, counted wait messages, and preemption t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 from test_core_preemption import cq, preempted, running
 from test_core_scheduler import GIB, node, task
@@ -166,15 +169,53 @@ def test_constraints_refuse_what_the_pod_api_refuses() -> None:
         {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "zone", "operator": "Exists", "values": ["a"]}]}]}}}},
         {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["three"]}]}]}}}},
+            {"matchExpressions": [{"key": "bad key", "operator": "Exists"}]}]}}}},
+        {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["1", "2"]}]}]}}}},
         {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}},
+        {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
         {"tolerations": [{"operator": "Equal", "value": "x"}]},
         {"tolerations": [{"key": "k", "operator": "Exists", "value": "x"}]},
+        {"tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}]},
+        {"tolerations": [{"key": "bad key!", "operator": "Exists"}]},
+        {"tolerations": [{"key": "k", "value": 0}]},
     ]
     for spec in bad:
         with pytest.raises(ValueError):
             constraints_of(spec)
     assert constraints_of({"containers": []}) is None
+
+
+def test_gt_and_lt_read_integers_as_go_does_and_a_term_that_cannot_parse_matches_nothing() -> None:
+    """The pod API takes any single value for Gt/Lt; kube-scheduler skips a term whose value is no integer
+    and evaluates the others. Integers are Go's strconv.ParseInt: no spaces, no underscores, int64."""
+    spec = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["four"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}}
+    constraints = constraints_of(spec)
+    assert static_refusal(constraints, (("gen", "9"), ("zone", "a")), (), "n") is not None
+    assert static_refusal(constraints, (("gen", "9"), ("zone", "b")), (), "n") is None
+    gt4 = Requirement("gen", "Gt", ("4",))
+    labels = ("5", "+5", " 5", "0_5", "9" * 20, "-9")
+    assert [gt4.matches(v) for v in labels] == [True, True, False, False, False, False]
+    assert Requirement("gen", "Gt", (" 4",)).matches("5") is False
+
+
+def test_pod_level_resources_set_the_pods_cpu_and_memory() -> None:
+    """spec.resources (PodLevelResources) replaces the containers' sum for cpu and memory."""
+    spec = {"resources": {"requests": {"cpu": "20"}},
+            "containers": [{"name": "a", "resources": resources("1", "1Gi")}]}
+    assert pod_requests(spec) == Requests(cpu_milli=20000, memory_mib=1024)
+
+
+@pytest.mark.parametrize("amount", ["NaN", "sNaN", " 1", "1_0", "Infinity", "-1"])
+def test_a_quantity_the_api_server_refuses_is_invalid_spec_not_a_crash(amount: str) -> None:
+    """Python's Decimal takes NaN, spaces and underscores; the API server's quantity grammar does not."""
+    obj = {"metadata": {"name": "t", "namespace": "ns"}, "spec": {"queueName": "q", "gpus": 1, "template": {
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"requests": {"cpu": amount}}}]}}}}
+    with pytest.raises(convert.InvalidTaskError) as exc:
+        convert.task_from_manifest(obj)
+    assert exc.value.reason == "InvalidSpec"
 
 
 def test_a_gputask_template_is_read_for_requests_and_constraints() -> None:
@@ -337,21 +378,38 @@ def test_refusals_follow_kube_scheduler_filter_order() -> None:
 
 
 def test_the_whole_pod_scenario_runs_as_its_comments_say() -> None:
-    """examples/scenarios/whole-pod.yaml (the new node fields and nodeUpdate): what waits, where, and why."""
-    out = run_scenario(load_scenario(REPO / "examples" / "scenarios" / "whole-pod.yaml"))
-    tasks = {t["name"]: t for t in out["tasks"]}
-    assert {n: (t["phase"], t["node"], t["admittedAt"]) for n, t in tasks.items()} == {
+    """examples/scenarios/whole-pod.yaml (the new node fields and nodeUpdate): what waits, where, and why;
+    without node-c's taint plain runs there at once, without the cordon late runs at once."""
+    doc = yaml.safe_load((REPO / "examples" / "scenarios" / "whole-pod.yaml").read_text())
+
+    def placements(d: dict[str, Any]) -> dict[str, tuple[object, ...]]:
+        out = run_scenario(load_scenario(d))
+        assert out["violations"] == []
+        return {t["name"]: (t["phase"], t["node"], t["admittedAt"]) for t in out["tasks"]}
+
+    assert placements(doc) == {
         "huge-cpu": ("Pending", None, None),
         "on-moon": ("Running", "node-b", 20),
         "tolerant": ("Running", "node-c", 0),
-        "whole-1": ("Running", "node-a", 1),
-        "whole-2": ("Running", "node-b", 2),
-        "late": ("Running", "node-b", 31),
+        "whole-1": ("Succeeded", "node-a", 1),
+        "whole-2": ("Succeeded", "node-b", 2),
+        "shared": ("Running", "node-b", 3),
+        "plain": ("Running", "node-b", 12),
+        "late": ("Running", "node-a", 40),
     }
-    assert tasks["huge-cpu"]["message"] == (
-        "no node could ever hold it: 0/3 nodes fit: 2 insufficient cpu, 2 insufficient memory, "
-        "1 had untolerated taint {dedicated: infra}")
-    assert out["violations"] == []
+    untainted = copy.deepcopy(doc)
+    untainted["nodes"][2]["taints"] = []
+    assert placements(untainted)["plain"] == ("Running", "node-c", 4)
+    uncordoned = copy.deepcopy(doc)
+    uncordoned["events"] = [e for e in doc["events"] if "unschedulable" not in e.get("nodeUpdate", {})]
+    assert placements(uncordoned)["late"] == ("Running", "node-a", 31)
+    out = run_scenario(load_scenario(doc))
+    assert {t["name"]: t["message"] for t in out["tasks"] if t["name"] in ("huge-cpu", "on-moon")} == {
+        "huge-cpu": "no node could ever hold it: 0/3 nodes fit: 2 insufficient cpu, 2 insufficient memory, "
+                    "1 had untolerated taint {dedicated: infra}",
+        "on-moon": "no node could ever hold it: 0/3 nodes fit: 2 did not match nodeSelector, "
+                   "1 had untolerated taint {dedicated: infra}",
+    }
 
 
 def test_scenario_node_fields_are_checked() -> None:

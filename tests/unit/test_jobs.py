@@ -34,7 +34,7 @@ PLACEMENT = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-aaa", 12288), GpuSlot
 
 
 def test_build_job_is_pinned_to_node_and_gpus() -> None:
-    """The Job is named per attempt, owned by the task, pinned by hostname affinity, and sees only its GPUs."""
+    """The Job is named per attempt, owned by the task, pinned by a node-name affinity, and sees only its GPUs."""
     annotation = '{"node":"node-a","uuids":["GPU-aaa","GPU-ccc"],"indices":[0,2],"memoryMiB":[12288,12288]}'
     labels = {"gputask.io/task": "train", "gputask.io/queue": "default"}
     assert build_job(TASK, PLACEMENT, attempt=2, queue="default") == {
@@ -81,8 +81,8 @@ def test_build_job_is_pinned_to_node_and_gpus() -> None:
                             "requiredDuringSchedulingIgnoredDuringExecution": {
                                 "nodeSelectorTerms": [
                                     {
-                                        "matchExpressions": [
-                                            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}
+                                        "matchFields": [
+                                            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
                                         ]
                                     }
                                 ]
@@ -118,7 +118,7 @@ def test_placement_annotation_round_trips() -> None:
     assert [parse_placement(t) for t in (None, "", "{", '{"node":"a"}')] == [None, None, None, None]
 
 
-def test_the_hostname_requirement_joins_every_node_selector_term_of_the_users_affinity() -> None:
+def test_the_node_requirement_joins_every_node_selector_term_of_the_users_affinity() -> None:
     """Terms are ORed: the node is required in each of the user's terms, and the rest of the affinity stays."""
     zone = {"key": "zone", "operator": "In", "values": ["a"]}
     gpu = {"key": "gpu", "operator": "Exists"}
@@ -142,13 +142,13 @@ def test_the_hostname_requirement_joins_every_node_selector_term_of_the_users_af
             }
         },
     }
-    host = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}
+    host = {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
     assert build_job(task, PLACEMENT, attempt=1, queue="q")["spec"]["template"]["spec"]["affinity"] == {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [
-                    {"matchExpressions": [zone, host]},
-                    {"matchFields": [gpu], "matchExpressions": [host]},
+                    {"matchExpressions": [zone], "matchFields": [host]},
+                    {"matchFields": [gpu, host]},
                 ]
             },
             "preferredDuringSchedulingIgnoredDuringExecution": preferred,

@@ -21,6 +21,8 @@ from gputask.sim.scenario import ScenarioError, cli_run, run_scenario
 
 SHARED = Path(__file__).parents[2].parent / "shared" / "scenarios"
 
+QUANTITY_RULE = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+
 
 def seed(name: str) -> dict[str, Any]:
     """The shared seed scenario ``name``, or a skip when ../shared is not there."""
@@ -451,7 +453,7 @@ def test_grace_period_comes_from_config() -> None:
         ),
         (
             {"nodes": [node("node-a", "lots")]},
-            "nodes[0].gpus[0].memory: 'lots' is not a quantity (Invalid number format: lots)",
+            "nodes[0].gpus[0].memory: 'lots': " + QUANTITY_RULE,
         ),
         (
             {"nodes": [node("node-a", "24")]},

@@ -93,7 +93,8 @@ class Requirement:
         """Whether a node whose label ``key`` is ``value`` (None: no such label) satisfies it.
 
         As in k8s.io/apimachinery labels selectors: NotIn and DoesNotExist hold for a missing label;
-        Gt and Lt compare integers and fail on a missing or non-integer label.
+        Gt and Lt compare integers (as Go's ``strconv.ParseInt(s, 10, 64)`` reads them) and fail on a missing
+        or non-integer label, and for a value that is no integer (kube-scheduler skips such a term).
         """
         op = self.operator
         if op == "In":
@@ -106,11 +107,23 @@ class Requirement:
             return value is None
         if value is None or len(self.values) != 1:
             return False
-        try:
-            have, bound = int(value), int(self.values[0])
-        except ValueError:
-            return False
+        have, bound = go_int(value), go_int(self.values[0])
+        if have is None or bound is None:
+            return False  # a value Go's strconv.ParseInt refuses: the label or the term matches nothing
         return have > bound if op == "Gt" else have < bound if op == "Lt" else False
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def go_int(text: str) -> int | None:
+    """``text`` as Go's ``strconv.ParseInt(text, 10, 64)`` reads it (an optional sign, then ASCII digits,
+    within int64), or None where Go refuses it (Python's ``int`` also takes " 4", "0_4" and "٤")."""
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits or not all("0" <= c <= "9" for c in digits):
+        return None
+    number = int(text)
+    return number if _INT64[0] <= number <= _INT64[1] else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,8 +151,11 @@ def gpu_refusal(state: NodeState, task: Task, *, ever: bool = False) -> Refusal 
     if usable >= req.count:
         return None
     need = need_text(task)
+    if ever and len(gpus) < req.count:
+        return Refusal(Filter.GPU, f"fewer than {req.count} GPUs")
     if ever:
-        return Refusal(Filter.GPU, f"fewer than {req.count} GPUs" if req.count > 1 else f"no GPU that could be {need}")
+        text = "no GPU large enough" if req.count == 1 else f"fewer than {req.count} GPUs large enough"
+        return Refusal(Filter.GPU, text)
     if req.exclusive:
         return Refusal(Filter.GPU, f"fewer than {req.count} idle GPUs" if req.count > 1 else "no idle GPU")
     return Refusal(Filter.GPU, f"fewer than {req.count} GPUs with {need}" if req.count > 1 else f"no GPU with {need}")

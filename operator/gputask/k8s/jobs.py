@@ -1,9 +1,10 @@
 """The ``batch/v1`` Job emitted per admission (DESIGN.md section 2), and its placement annotation.
 
 Pure functions: the executor sends what :func:`build_job` returns. The Job is pinned with a
-required ``kubernetes.io/hostname`` node affinity (not ``nodeName``, so kube-scheduler still
-checks CPU and memory), gets ``NVIDIA_VISIBLE_DEVICES`` with the GPU UUIDs in every container
-(and no ``nvidia.com/gpu`` request, which would let the device plugin pick other GPUs), and
+required node affinity on the node's name (``matchFields`` ``metadata.name``, as the DaemonSet
+controller pins its pods: the ``kubernetes.io/hostname`` label may differ from the name; not
+``nodeName``, so kube-scheduler still runs its filters), gets ``NVIDIA_VISIBLE_DEVICES`` with the
+GPU UUIDs in every container (and no ``nvidia.com/gpu`` request, which would let the device plugin pick other GPUs), and
 carries its placement as JSON so a restarted operator can rebuild its state from Jobs alone.
 """
 
@@ -24,7 +25,7 @@ PLACEMENT_ANNOTATION = "gputask.io/placement"
 ATTEMPT_ANNOTATION = "gputask.io/attempt"
 TASK_UID_ANNOTATION = "gputask.io/task-uid"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
+NODE_NAME_FIELD = "metadata.name"
 MAX_NAME = 63
 
 
@@ -75,10 +76,10 @@ def _pin_pod_spec(pod_spec: dict[str, Any], node: str, uuids: str) -> None:
     affinity = pod_spec["affinity"] = dict(pod_spec.get("affinity") or {})
     node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
     required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    host = {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
+    pin = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
     terms = [dict(term) for term in required.get("nodeSelectorTerms") or []] or [{}]
     for term in terms:
-        term["matchExpressions"] = [*(term.get("matchExpressions") or []), host]
+        term["matchFields"] = [*(term.get("matchFields") or []), pin]
     required["nodeSelectorTerms"] = terms
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
     set_visible_devices(pod_spec, {"name": VISIBLE_DEVICES, "value": uuids})

@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any, get_args
 
-from kubernetes.utils import parse_quantity
-
 from gputask.core import (
     GPU,
     GPU_MEMORY,
@@ -41,7 +39,7 @@ from gputask.core.quota import (
     StopPolicy,
     WithinClusterQueue,
 )
-from gputask.manifests.fields import aggregate
+from gputask.manifests.fields import aggregate, kube_quantity
 from gputask.manifests.podfit import constraints_of, pod_requests
 from gputask.manifests.podspec import template_problems
 
@@ -54,16 +52,12 @@ INVALID_SPEC = "InvalidSpec"
 
 
 def quantity(value: Any, *, field: str) -> Decimal:
-    """Parse a Kubernetes quantity (``"16Gi"``, ``"1500m"``, ``4``); raises ValueError naming ``field``."""
-    if isinstance(value, bool) or value is None or isinstance(value, list | dict):
-        raise ValueError(f"{field}: {value!r} is not a quantity")
+    """Parse a Kubernetes quantity (``"16Gi"``, ``"1500m"``, ``4``) as the API server does
+    (:func:`gputask.manifests.fields.kube_quantity`); raises ValueError naming ``field``."""
     try:
-        amount = Decimal(parse_quantity(value))
-    except (ValueError, TypeError, InvalidOperation) as exc:
-        raise ValueError(f"{field}: {value!r} is not a quantity ({exc})") from None
-    if not amount.is_finite():  # a JSON number NaN or Infinity is no quantity
-        raise ValueError(f"{field}: {value!r} is not a quantity")
-    return amount
+        return kube_quantity(value)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
 
 
 def to_mib(value: Any, *, field: str) -> int:

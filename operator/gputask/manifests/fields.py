@@ -9,8 +9,12 @@ the CRD rules to refuse what the server refuses, in the server's words.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from kubernetes.utils import parse_quantity
 
 REQUIRED = "Required value"
 FORBIDDEN = "Forbidden"
@@ -26,6 +30,27 @@ _CAUSES = {
     NOT_FOUND: "FieldValueNotFound",
     DUPLICATE: "FieldValueDuplicate",
 }
+
+
+QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+"""What the API server's ``resource.ParseQuantity`` accepts (k8s.io/apimachinery/pkg/api/resource); Python's
+Decimal, under ``kubernetes.utils.parse_quantity``, also takes "NaN", " 1" and "1_0"."""
+
+
+def kube_quantity(value: Any) -> Decimal:
+    """A quantity as the API server reads it (a string matching :data:`QUANTITY`, or a finite JSON number);
+    raises ValueError with the server's wording otherwise."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"{value!r} is not a quantity")
+    if isinstance(value, str) and not QUANTITY.match(value):
+        raise ValueError(f"{value!r}: quantities must match the regular expression '{QUANTITY.pattern}'")
+    try:
+        amount = Decimal(parse_quantity(value))
+    except (ValueError, TypeError, InvalidOperation, OverflowError) as exc:
+        raise ValueError(f"{value!r} is not a quantity ({exc})") from None
+    if not amount.is_finite():
+        raise ValueError(f"{value!r} is not a quantity")
+    return amount
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@
 - :func:`pod_requests`: a pod spec's effective requests (``PodRequests`` in Kubernetes'
   ``pkg/api/v1/resource`` / ``component-helpers``): the containers' requests summed, restartable
   init containers (sidecars, ``restartPolicy: Always``) added to them, the larger of that and the
-  largest ordinary init container (plus the sidecars started before it), then ``spec.overhead``
-  added. A container without a request but with a limit requests its limit (the API server's
+  largest ordinary init container (plus the sidecars started before it); a pod-level
+  ``spec.resources`` (Kubernetes 1.32+) sets cpu and memory for the whole pod instead; then
+  ``spec.overhead`` added. A container without a request but with a limit requests its limit (the API server's
   defaulting of pods; a GPUTask's template is not defaulted before its Job is made).
 - :func:`constraints_of`: ``nodeSelector``, required node affinity and tolerations as
   :class:`gputask.core.fit.Constraints`, refusing what the pod API would refuse.
@@ -17,18 +18,36 @@ Errors: ValueError naming the field (the converter turns it into the task's Inva
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from gputask.core.fit import SELECTOR_OPERATORS, Constraints, Requirement, Taint, Term, Toleration
+from gputask.manifests.fields import kube_quantity
 
 MIB = Decimal(1 << 20)
 RESOURCES = ("cpu", "memory", "ephemeral-storage")
+POD_LEVEL = ("cpu", "memory")
+"""Resources a pod-level ``spec.resources`` sets for the whole pod (instead of the containers' sum)."""
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+QUALIFIED_NAME_RULE = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (at most 63), with an optional DNS subdomain prefix and '/'"
+)
+
+
+def qualified_name(key: str) -> bool:
+    """Whether ``key`` is a label key (``validation.IsQualifiedName``: ``[prefix/]name``)."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix or (prefix == "" and key.startswith("/")):
+        return False
+    if prefix and (len(prefix) > 253 or not _PREFIX.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_NAME.match(name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +76,12 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 
 def _amount(value: Any, field: str) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"{field}: {value!r} is not a quantity")
     try:
-        amount = Decimal(parse_quantity(value))
-    except (ValueError, TypeError, InvalidOperation) as exc:
-        raise ValueError(f"{field}: {value!r} is not a quantity ({exc})") from None
-    if not amount.is_finite() or amount < 0:
-        raise ValueError(f"{field}: {value!r} is not a non-negative quantity")
+        amount = kube_quantity(value)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+    if amount < 0:
+        raise ValueError(f"{field}: {value!r} must be a non-negative quantity")
     return amount
 
 
@@ -113,6 +130,8 @@ def pod_requests(spec: Mapping[str, Any], path: str = "spec") -> Requests:
         else:
             inits = _max(inits, _add(asked, sidecars))
     total = _max(total, inits)
+    pod_level = _container_requests(spec, f"{path}")  # spec.resources (PodLevelResources, beta in 1.34)
+    total.update({name: amount for name, amount in pod_level.items() if name in POD_LEVEL})
     overhead = _mapping(spec.get("overhead"))
     total = _add(total, {n: _amount(overhead[n], f"{path}.overhead[{n}]") for n in RESOURCES if n in overhead})
     cpu, memory, storage = (_units(n, total.get(n, Decimal(0)), up=True) for n in RESOURCES)
@@ -133,8 +152,10 @@ def _requirement(raw: Any, field: str, *, on_name: bool) -> Requirement:
     values = _strings(entry.get("values"), f"{field}.values")
     if not isinstance(key, str) or not key:
         raise ValueError(f"{field}.key: Required value")
+    if not on_name and not qualified_name(key):
+        raise ValueError(f"{field}.key: Invalid value: {key!r}: {QUALIFIED_NAME_RULE}")
     if op not in SELECTOR_OPERATORS:
-        raise ValueError(f"{field}.operator: Unsupported value: {op!r}: supported values: {sorted(SELECTOR_OPERATORS)}")
+        raise ValueError(f"{field}.operator: Invalid value: {op!r}: not a valid selector operator")
     if on_name and (key != "metadata.name" or op not in ("In", "NotIn") or len(values) != 1):
         raise ValueError(f"{field}: matchFields supports only key metadata.name with In or NotIn and one value")
     if op in ("In", "NotIn") and not values:
@@ -143,15 +164,10 @@ def _requirement(raw: Any, field: str, *, on_name: bool) -> Requirement:
         raise ValueError(
             f"{field}.values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
         )
-    if op in ("Gt", "Lt"):
-        if len(values) != 1:
-            raise ValueError(
-                f"{field}.values: Required value: must be specified single value when `operator` is 'Lt' or 'Gt'"
-            )
-        try:
-            int(values[0])
-        except ValueError:
-            raise ValueError(f"{field}.values[0]: Invalid value: {values[0]!r}: must be an integer") from None
+    if op in ("Gt", "Lt") and len(values) != 1:
+        raise ValueError(
+            f"{field}.values: Required value: must be specified single value when `operator` is 'Lt' or 'Gt'"
+        )
     return Requirement(key, op, values)
 
 
@@ -163,18 +179,26 @@ def _tolerations(raw: Any, field: str) -> tuple[Toleration, ...]:
     out = []
     for i, item in enumerate(raw):
         entry, where = _mapping(item), f"{field}[{i}]"
-        key, op = entry.get("key") or "", entry.get("operator") or "Equal"
-        value, effect = entry.get("value") or "", entry.get("effect") or ""
-        if not all(isinstance(v, str) for v in (key, op, value, effect)):
-            raise ValueError(f"{where}: key, operator, value and effect must be strings")
+        strings = {name: entry.get(name, "") for name in ("key", "operator", "value", "effect")}
+        for name, text in strings.items():
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"{where}.{name}: Invalid value: {text!r}: must be a string")
+        key, op = strings["key"] or "", strings["operator"] or "Equal"
+        value, effect = strings["value"] or "", strings["effect"] or ""
+        if key and not qualified_name(key):
+            raise ValueError(f"{where}.key: Invalid value: {key!r}: {QUALIFIED_NAME_RULE}")
         if op not in ("Equal", "Exists"):
             raise ValueError(f"{where}.operator: Unsupported value: {op!r}: supported values: \"Equal\", \"Exists\"")
         if not key and op != "Exists":
             raise ValueError(f"{where}.operator: Invalid value: {op!r}: operator must be Exists when `key` is empty")
         if op == "Exists" and value:
-            raise ValueError(f"{where}.operator: Invalid value: value must be empty when `operator` is 'Exists'")
+            raise ValueError(f"{where}.operator: Invalid value: {value!r}: value must be empty when `operator` is "
+                             "'Exists'")
         if effect and effect not in TAINT_EFFECTS:
             raise ValueError(f"{where}.effect: Unsupported value: {effect!r}")
+        if entry.get("tolerationSeconds") is not None and effect != "NoExecute":
+            raise ValueError(f"{where}.effect: Invalid value: {effect!r}: effect must be 'NoExecute' when "
+                             "`tolerationSeconds` is set")
         out.append(Toleration(key, op, value, effect))
     return tuple(out)
 
@@ -185,10 +209,10 @@ def constraints_of(spec: Mapping[str, Any], path: str = "spec") -> Constraints |
     selector = spec.get("nodeSelector") or {}
     if not isinstance(selector, Mapping) or not all(isinstance(v, str) for v in selector.values()):
         raise ValueError(f"{path}.nodeSelector: must be a map of strings")
-    required = _mapping(_mapping(_mapping(spec.get("affinity")).get("nodeAffinity")).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"))
+    node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
+    required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms: tuple[Term, ...] | None = None
-    if required:
+    if node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") is not None:  # {} too: it needs terms
         raw_terms = required.get("nodeSelectorTerms")
         where = f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
         if not isinstance(raw_terms, list) or not raw_terms:

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
-from gputask.manifests.fields import DUPLICATE, INVALID, NOT_FOUND, REQUIRED, FieldError, not_supported
+from gputask.manifests.fields import DUPLICATE, INVALID, NOT_FOUND, REQUIRED, FieldError, kube_quantity, not_supported
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -184,11 +182,9 @@ def _resource_problems(resources: Any, path: str) -> list[FieldError]:
 
 
 def _quantity(value: Any) -> Decimal | None:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return None
     try:
-        return Decimal(parse_quantity(value))
-    except (ValueError, TypeError, InvalidOperation):
+        return kube_quantity(value)
+    except ValueError:
         return None
 
 

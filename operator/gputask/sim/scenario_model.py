@@ -17,6 +17,7 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -380,14 +381,21 @@ def core_nodes(scenario: Scenario) -> list[Node]:
                 raise ScenarioError(str(exc)) from None
             gpus.append(Gpu(j, f"GPU-{spec.name}-{j}", gpu.product.replace(" ", "-"), memory))
         try:
-            cpu = None if spec.cpu is None else math.floor(quantity(spec.cpu, field=f"nodes[{i}].cpu") * 1000)
-            host = None if spec.memory is None else math.floor(quantity(spec.memory, field=f"nodes[{i}].memory") / MIB)
+            cpu = None if spec.cpu is None else math.floor(_allocatable(spec.cpu, f"nodes[{i}].cpu") * 1000)
+            host = None if spec.memory is None else math.floor(_allocatable(spec.memory, f"nodes[{i}].memory") / MIB)
         except ValueError as exc:
             raise ScenarioError(str(exc)) from None
         node = Node(NodeName(spec.name), tuple(gpus), cpu_milli=cpu, memory_mib=host, pods=spec.pods)
         labels = {HOSTNAME_LABEL: spec.name, **spec.labels}  # as the kubelet labels every Node
         nodes.append(updated(node, labels=labels, taints=spec.taints, unschedulable=spec.unschedulable))
     return nodes
+
+
+def _allocatable(value: Any, field: str) -> Decimal:
+    amount = quantity(value, field=field)
+    if amount < 0:
+        raise ValueError(f"{field}: {value!r} must not be negative")
+    return amount
 
 
 def updated(
