@@ -19,7 +19,8 @@ from gputask.sim.scenario_model import ScenarioError, load_scenario
 FUZZ = settings(max_examples=300, deadline=None)
 
 QUANTITIES = st.sampled_from(
-    ["16Gi", "16G", "16000Mi", "0", "-1Gi", "1Ei", "0.5Gi", "1e3", "abc", "", "12Ki", "1.5", "999999999Ti", "7m"]
+    ["16Gi", "16G", "16000Mi", "0", "-1Gi", "1Ei", "0.5Gi", "1e3", "abc", "", "12Ki", "1.5", "999999999Ti", "7m",
+     "NaN", "sNaN", "Infinity", " 1", "1_0", "1e400"]
 )
 SCALARS = st.one_of(
     st.none(),
@@ -41,6 +42,31 @@ def maybe(key: str, values: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[st
     return st.one_of(st.just({}), values.map(lambda v: {key: v}))
 
 
+WORDS = st.sampled_from(["Exists", "Equal", "In", "NotIn", "Gt", "NoSchedule", "NoExecute", "k", "zone", "", "4"])
+RESOURCE_MAP = st.dictionaries(st.sampled_from(["cpu", "memory", "ephemeral-storage", "nvidia.com/gpu"]),
+                               QUANTITIES | SCALARS, max_size=3)
+CONTAINERS = st.lists(st.fixed_dictionaries(
+    {"name": st.sampled_from(["main", "side"]), "image": st.just("x")},
+    optional={"resources": st.fixed_dictionaries({}, optional={"requests": RESOURCE_MAP, "limits": RESOURCE_MAP}),
+              "restartPolicy": st.sampled_from(["Always", "Never", 3])}), min_size=1, max_size=2)
+REQUIREMENT_VALUES = WORDS | st.lists(WORDS | SCALARS, max_size=2) | SCALARS
+REQUIREMENTS = st.lists(st.dictionaries(st.sampled_from(["key", "operator", "values"]), REQUIREMENT_VALUES, max_size=3),
+                        max_size=2)
+TOLERATION_FIELDS = st.sampled_from(["key", "operator", "value", "effect", "tolerationSeconds"])
+POD_SPECS = st.fixed_dictionaries({"containers": CONTAINERS}, optional={
+    "initContainers": CONTAINERS,
+    "nodeSelector": st.dictionaries(WORDS, WORDS | SCALARS, max_size=2) | VALUES,
+    "tolerations": st.lists(st.dictionaries(TOLERATION_FIELDS, WORDS | SCALARS, max_size=5), max_size=3) | VALUES,
+    "affinity": st.fixed_dictionaries({"nodeAffinity": st.fixed_dictionaries({}, optional={
+        "requiredDuringSchedulingIgnoredDuringExecution": st.fixed_dictionaries({}, optional={
+            "nodeSelectorTerms": st.lists(st.fixed_dictionaries({}, optional={
+                "matchExpressions": REQUIREMENTS, "matchFields": REQUIREMENTS}), max_size=2) | VALUES}) | VALUES})}),
+    "overhead": RESOURCE_MAP | VALUES,
+    "resources": st.fixed_dictionaries({}, optional={"requests": RESOURCE_MAP}),
+})
+"""Pod specs shaped like real ones, with absurd values where the scheduler reads requests and constraints."""
+
+
 @st.composite
 def task_specs(draw: st.DrawFn) -> Any:
     """A GPUTask spec: usually a dict of plausible-to-absurd fields, sometimes not a dict at all."""
@@ -55,7 +81,7 @@ def task_specs(draw: st.DrawFn) -> Any:
         ("gpuProducts", st.one_of(st.lists(st.sampled_from(["NVIDIA-A10", "", "x"]), max_size=3), SCALARS)),
         ("maxReschedules", st.one_of(st.integers(-2, 2000), SCALARS)),
         ("priorityClassName", st.sampled_from(["high", "missing", ""])),
-        ("template", VALUES),
+        ("template", st.one_of(VALUES, st.fixed_dictionaries({"spec": POD_SPECS}))),
     ):
         spec.update(draw(maybe(key, values)))
     return spec
@@ -74,6 +100,20 @@ def test_task_conversion_raises_only_invalid_task_error(spec: Any, labels: dict[
         req = task.request
         assert 1 <= req.count <= 16 and (req.memory_mib is None or 0 < req.memory_mib <= 1 << 20)
         assert req.fraction_milli is None or 1 <= req.fraction_milli <= 1000
+
+
+@FUZZ
+@given(POD_SPECS)
+def test_pod_template_conversion_raises_only_invalid_task_error(pod: dict[str, Any]) -> None:
+    """Pod templates with odd requests, selectors, affinity and tolerations convert or are InvalidSpec."""
+    spec = {"queueName": "q", "gpus": 1, "template": {"spec": pod}}
+    body = {"metadata": {"name": "t", "namespace": "ns"}, "spec": spec}
+    try:
+        task = task_from_manifest(body)
+    except InvalidTaskError as exc:
+        assert exc.reason == "InvalidSpec" and exc.message
+    else:
+        assert task.cpu_milli >= 0 and task.memory_mib >= 0 and task.ephemeral_mib >= 0
 
 
 @FUZZ

@@ -7,6 +7,7 @@ once at a time, against :class:`gputask.testing.FakeKubeClient`, which answers a
 from __future__ import annotations
 
 import asyncio
+import decimal
 import time
 from typing import Any
 
@@ -32,6 +33,7 @@ from gputask.k8s.kueue_admission import KueueAdmission
 from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
 from gputask.k8s.writer import Writer
+from gputask.manifests import convert
 from gputask.metrics import OperatorMetrics
 from gputask.testing.fake import FakeKubeClient
 
@@ -248,6 +250,28 @@ async def test_the_writer_abandons_a_write_whose_leadership_ends_before_it_is_se
     with pytest.raises(Fenced):
         await writer.create(JOBS, {"metadata": {"name": "j"}}, "ns")
     assert client.all(JOBS) == []
+
+
+async def test_a_converter_crash_fails_that_task_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected error converting one task (a converter bug on odd input) makes it Failed/InvalidSpec;
+    the next task is admitted as usual (before, the handler failed and so did every rebuild)."""
+    parts = Parts()
+    real = convert.task_from_manifest
+
+    def flaky(obj: dict[str, Any], **kwargs: Any) -> Any:
+        if obj["metadata"]["name"] == "odd":
+            raise decimal.InvalidOperation("comparison with NaN")
+        return real(obj, **kwargs)
+
+    monkeypatch.setattr(convert, "task_from_manifest", flaky)
+    parts.submit("odd")
+    parts.submit("fine")
+    await parts.loop.run_once()
+    odd = parts.status("odd")
+    reason = next(c["reason"] for c in odd["conditions"] if c["type"] == "Admitted")
+    assert (odd["phase"], reason, odd["message"]) == (
+        "Failed", "InvalidSpec", "the spec cannot be read (InvalidOperation: comparison with NaN)")
+    assert parts.status("fine")["phase"] == "Admitted"
 
 
 def test_a_malformed_queue_is_inactive_and_stops_nothing_else() -> None:

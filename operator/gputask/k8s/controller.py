@@ -280,18 +280,24 @@ class Controller:
 
     # -- tasks --------------------------------------------------------------------------------------
     def convert_task(self, obj: Mapping[str, Any]) -> Task:
-        """Core Task of a GPUTask body; raises InvalidTaskError (a pod template the Job API refuses, or none)."""
+        """Core Task of a GPUTask body; raises InvalidTaskError (a pod template the Job API refuses, or none;
+        also, logged, for anything else the converter raises on odd input)."""
         spec = obj.get("spec")
         if isinstance(spec, Mapping) and spec.get("template") is None:
             raise InvalidTaskError("InvalidSpec", "spec.template: Required value: the task runs as a Job of it")
         inv = self.inventory
         namespace = obj["metadata"].get("namespace") or "default"
-        return convert.task_from_manifest(
-            obj,
-            priority_of=lambda name: inv.priority_of(name, kueue=False),
-            workload_priority_of=lambda name: inv.priority_of(name, kueue=True),
-            namespace_labels=inv.labels_of(namespace),
-        )
+        try:
+            return convert.task_from_manifest(
+                obj,
+                priority_of=lambda name: inv.priority_of(name, kueue=False),
+                workload_priority_of=lambda name: inv.priority_of(name, kueue=True),
+                namespace_labels=inv.labels_of(namespace),
+            )
+        except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError, IndexError) as exc:
+            # A converter bug on odd input must fail this task, not the handler or every rebuild.
+            log.exception("GPUTask %s/%s: conversion failed", namespace, obj["metadata"].get("name"))
+            raise InvalidTaskError("InvalidSpec", f"the spec cannot be read ({type(exc).__name__}: {exc})") from None
 
     def on_task(self, obj: dict[str, Any]) -> TaskRecord:
         """Take a GPUTask body (added or modified) and return its record.
