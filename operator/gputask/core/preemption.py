@@ -220,13 +220,31 @@ def candidates(
             return share_allows(quotas, mine_after, victim.task.queue, victim.usage)
 
     out: dict[str, list[Victim]] = {}
+    queues = _victim_queues(task, quotas)
+    if not queues:
+        return out
     for entry in running:
-        if not entry.charged:
+        if not entry.charged or entry.task.queue not in queues:
             continue
         victim = Victim(entry.task, entry.placement, entry.usage, entry.admitted_at)
         if victim_allowed(task, entry.task, quotas=quotas, borrowing=borrowing, share_ok=share_ok,
                           victim_entry=victim):
             out.setdefault(entry.placement.node, []).append(victim)
+    return out
+
+
+def _victim_queues(task: Task, quotas: QuotaBook) -> set[str]:
+    """Queues whose tasks :func:`victim_allowed` could let ``task`` preempt at all: its own (unless
+    ``withinClusterQueue: Never``), and the other queues of its cohort that borrow now (unless
+    ``reclaimWithinCohort: Never``). A necessary condition, so candidates need not test every entry."""
+    spec = quotas.specs.get(task.queue)
+    if spec is None:
+        return set()
+    policy = spec.preemption
+    out = {task.queue} if policy.within_cluster_queue != "Never" else set()
+    if spec.cohort is not None and policy.reclaim_within_cohort != "Never":
+        others = (m.name for m in quotas.cohort_members(spec.cohort) if m.name != task.queue)
+        out |= {name for name in others if quotas.is_borrowing(name)}
     return out
 
 

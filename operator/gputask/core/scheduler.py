@@ -114,6 +114,7 @@ class _CycleMemo:
     outcomes: dict[tuple[object, ...], Wait] = field(default_factory=dict)
     blocked_queues: set[str] = field(default_factory=set)
     preemption_failed: set[tuple[object, ...]] = field(default_factory=set)
+    namespaces: dict[tuple[str, tuple[tuple[str, str], ...]], Wait | None] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -449,7 +450,10 @@ class Scheduler:
             return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r} does not exist")
         if spec.stop_policy != "None":
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
-        refusal = namespace_refusal(task, spec)
+        where = (task.queue, task.namespace_labels)
+        if where not in memo.namespaces:
+            memo.namespaces[where] = namespace_refusal(task, spec)
+        refusal = memo.namespaces[where]
         if refusal is not None:
             return Pending(task, refusal.reason, refusal.message)
         if task.queue in memo.blocked_queues:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
 from gputask.core.fit import Taint
@@ -74,7 +74,7 @@ class NodeSpec(_Strict):
     memory: Any = None
     pods: Annotated[int, Field(ge=0)] | None = None
     taints: list[TaintSpec] = Field(default_factory=list)
-    unschedulable: bool = False
+    unschedulable: StrictBool = False
 
 
 class NodeUpdate(_Strict):
@@ -83,7 +83,7 @@ class NodeUpdate(_Strict):
     name: str = Field(min_length=1)
     labels: dict[str, str] | None = None
     taints: list[TaintSpec] | None = None
-    unschedulable: bool | None = None
+    unschedulable: StrictBool | None = None
 
 
 class QueueEntry(_Strict):
