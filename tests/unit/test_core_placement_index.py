@@ -38,6 +38,8 @@ from gputask.core.placement import (
     feasible_gpus,
     node_fits,
 )
+from gputask.core.preemption import Planner, Victim, could_fit_without
+from gputask.core.quota import QuotaBook
 
 
 def node(
@@ -352,3 +354,30 @@ def test_candidate_rows_never_drop_a_node_that_fits(nodes: list, tasks: list) ->
         outcome = find_placement(cluster, t, BestFit())
         if outcome.placement is not None:
             cluster.reserve(t, outcome.placement)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes_st, tasks_st, tasks_st, st.data())
+def test_the_preemption_precheck_never_refuses_a_node_the_search_would_fit(
+    nodes: list, running: list, preemptors: list, data: st.DataObject
+) -> None:
+    """``could_fit_without`` (which lets the planner skip trials) is False only where releasing the victims
+    and searching that node finds nothing: whatever is running, whichever victims, whatever the task."""
+    cluster = ClusterState(build(nodes))
+    policy = make_policy("bestfit")
+    placed: list[Victim] = []
+    for i, spec in enumerate(running):
+        t = to_task(100 + i, spec)
+        found = find_placement(cluster, t, policy).placement
+        if found is not None:
+            cluster.reserve(t, found)
+            placed.append(Victim(t, found, {}, 0.0))
+    planner = Planner(cluster, QuotaBook(), policy)
+    for i, spec in enumerate(preemptors):
+        t = to_task(i, spec)
+        for state in cluster.sorted_nodes():
+            on_node = [v for v in placed if v.placement.node == state.name]
+            victims = data.draw(st.lists(st.sampled_from(on_node), unique_by=id) if on_node else st.just([]))
+            if not could_fit_without(state, t, victims):
+                with planner._without(victims):
+                    assert find_placement(cluster, t, policy, nodes=[state]).placement is None

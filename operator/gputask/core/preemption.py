@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from gputask.core.cluster import ClusterState, NodeState
+from gputask.core.fit import static_refusal
 from gputask.core.ledger import Entry
 from gputask.core.model import Placement, Task
 from gputask.core.placement import Policy, QuotaCheck, find_placement
@@ -122,6 +123,8 @@ class Planner:
                 self.quotas.charge(v.task.queue, v.usage)
 
     def _fits(self, task: Task, state: NodeState, quota: QuotaCheck, victims: list[Victim]) -> Placement | None:
+        if not could_fit_without(state, task, victims):
+            return None  # the node filters would refuse it anyway: skip releasing and re-reserving
         with self._without(victims):
             return find_placement(self.cluster, task, self.policy, quota=quota, nodes=[state]).placement
 
@@ -177,6 +180,50 @@ class Planner:
             if found is not None:
                 victims, placement = trial, found
         return victims, placement
+
+
+def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bool:
+    """Whether ``task`` could pass the node filters and find enough GPUs on ``state`` once ``victims`` are
+    gone, reckoned without touching the state. Never False where the real search (``node_fits`` and
+    ``feasible_gpus`` after releasing them) would find enough: so skipping a trial it refuses changes
+    nothing, not even a random policy's draws (they happen only once a node has enough GPUs)."""
+    node, req = state.node, task.request
+    if not node.schedulable or len(node.gpus) < req.count:
+        return False
+    if (node.taints or task.constraints is not None) and static_refusal(
+        task.constraints, node.labels, node.taints, node.name
+    ) is not None:
+        return False
+    freed = {"cpu": 0, "memory": 0, "storage": 0}
+    mib = [0] * len(node.gpus)
+    held = [False] * len(node.gpus)
+    for victim in victims:
+        freed["cpu"] += victim.task.cpu_milli
+        freed["memory"] += victim.task.memory_mib
+        freed["storage"] += victim.task.ephemeral_mib
+        for slot in victim.placement.gpus:
+            pos = state.position.get(slot.index)
+            if pos is not None and node.gpus[pos].uuid == slot.uuid:
+                mib[pos] += slot.memory_mib
+                held[pos] = True
+    for free, need, key in ((state.cpu_free, task.cpu_milli, "cpu"), (state.memory_free_mib, task.memory_mib, "memory"),
+                            (state.ephemeral_free_mib, task.ephemeral_mib, "storage")):
+        if free is not None and need > free + freed[key]:
+            return False
+    pods = state.pods_free
+    if pods is not None and pods + len(victims) < 1:
+        return False
+    usable = 0
+    for pos, gpu in enumerate(node.gpus):
+        if not gpu.healthy or not req.allows(gpu.product):
+            continue
+        reserved = state.reserved_mib[pos] - mib[pos]
+        exclusive = state.exclusive[pos] and not held[pos]
+        if req.exclusive:
+            usable += reserved <= 0 and gpu.foreign_mib == 0
+        elif not exclusive and gpu.memory_mib - gpu.foreign_mib - reserved >= req.mib_on(gpu):
+            usable += req.mib_on(gpu) <= gpu.memory_mib
+    return usable >= req.count
 
 
 def borrowing_after(quotas: QuotaBook, queue: str, removed: list[Victim]) -> bool:
