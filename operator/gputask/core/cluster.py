@@ -142,6 +142,7 @@ class NodeIndex:
         self.group = [0] * n
         self.products: Counter[str] = Counter(g.product for s in self.states for g in s.node.gpus)
         self.memos: dict[int, tuple[object, int, dict[Any, Any]]] = {}
+        self.summaries: dict[object, tuple[int, Any]] = {}  # reasons' per-node wait counts, by log position
         self._ids: dict[tuple[object, ...], int] = {}
         self._next_id = 0
         for i, state in enumerate(self.states):

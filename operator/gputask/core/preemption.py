@@ -61,11 +61,13 @@ def victim_allowed(
     borrowing: bool,
     share_ok: Callable[[Victim], bool] | None = None,
     victim_entry: Victim | None = None,
+    victim_borrowing: bool | None = None,
 ) -> bool:
     """True when the queues' policies let ``preemptor`` preempt ``victim`` (see module doc).
 
     ``borrowing`` says whether the preemptor would use more than its nominal quota;
-    ``share_ok`` is the fair-sharing rule, given when the cohort shares fairly.
+    ``share_ok`` is the fair-sharing rule, given when the cohort shares fairly; ``victim_borrowing``
+    whether the victim's queue borrows, when the caller knows (None: asked of ``quotas``).
     """
     spec = quotas.specs.get(preemptor.queue)
     if spec is None:
@@ -81,7 +83,9 @@ def victim_allowed(
             )
         return False
     other = quotas.specs.get(victim.queue)
-    if spec.cohort is None or other is None or other.cohort != spec.cohort or not quotas.is_borrowing(victim.queue):
+    if spec.cohort is None or other is None or other.cohort != spec.cohort:
+        return False
+    if not (quotas.is_borrowing(victim.queue) if victim_borrowing is None else victim_borrowing):
         return False
     if share_ok is not None:
         return policy.reclaim_within_cohort != "Never" and victim_entry is not None and share_ok(victim_entry)
@@ -274,8 +278,9 @@ def candidates(
         if not entry.charged or entry.task.queue not in queues:
             continue
         victim = Victim(entry.task, entry.placement, entry.usage, entry.admitted_at)
+        other_queue = entry.task.queue != task.queue  # then in ``queues`` only because it borrows now
         if victim_allowed(task, entry.task, quotas=quotas, borrowing=borrowing, share_ok=share_ok,
-                          victim_entry=victim):
+                          victim_entry=victim, victim_borrowing=True if other_queue else None):
             out.setdefault(entry.placement.node, []).append(victim)
     return out
 

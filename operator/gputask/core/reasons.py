@@ -129,12 +129,20 @@ def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterSta
             f"{free} {_unit(outcome.quota_resource)} left",
         )
     index = cluster.index()
+    cached = index.summaries.get(task.fit_key)
+    if cached is not None and cached[0] == index.log_end:  # no node changed since: the same counts
+        return cached[1]  # type: ignore[no-any-return]
+    if len(index.summaries) > 4096:
+        index.summaries.clear()
     states = index.states
     if not any(could_ever_fit(s, task) for s in states):
         text, filters = nodes_summary(task, states, ever=True, groups=index.group)
-        return Wait(INADMISSIBLE, f"no node could ever hold it: {text}", filters)
-    text, filters = nodes_summary(task, states, groups=index.group)
-    return Wait(NO_FIT, text, filters)
+        wait = Wait(INADMISSIBLE, f"no node could ever hold it: {text}", filters)
+    else:
+        text, filters = nodes_summary(task, states, groups=index.group)
+        wait = Wait(NO_FIT, text, filters)
+    index.summaries[task.fit_key] = (index.log_end, wait)
+    return wait
 
 
 def gpu_refusal(state: NodeState, task: Task, *, ever: bool = False) -> Refusal | None:
