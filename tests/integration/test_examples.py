@@ -71,11 +71,11 @@ async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: 
 
         after = await eventually(preempted)
         assert after["team-a/multi-gpu"][1] in ("Preempted", "NoFit")
-        events = await cluster.events_for("multi-gpu", "team-a")
-        assert (
-            "Warning",
-            "Preempted",
-            "preempted by team-a/urgent (priority 1000) in GPUClusterQueue 'team-a'",
-        ) in events
+        warning = ("Warning", "Preempted", "preempted by team-a/urgent (priority 1000) in GPUClusterQueue 'team-a'")
+
+        async def warned() -> bool:  # Events follow the status write they belong to
+            return warning in await cluster.events_for("multi-gpu", "team-a")
+
+        assert await eventually(warned)
         again = await generations(cluster)
         assert again["objects"] == {**before["objects"], "urgent": 1}

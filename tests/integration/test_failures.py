@@ -57,7 +57,10 @@ async def test_preemption_end_to_end(cluster: Cluster) -> None:
             ("True", "Preempted", message),
             10,
         )
-        assert ("Warning", "Preempted", message) in await cluster.events_for("low")
+        async def warned() -> bool:  # Events follow the status write they belong to
+            return ("Warning", "Preempted", message) in await cluster.events_for("low")
+
+        assert await eventually(warned)
         high_job = await cluster.client.get(JOBS, "high-1", "default")
         assert high_job["metadata"]["annotations"]["gputask.io/placement"] == (
             '{"node":"node-a","uuids":["GPU-a10-0"],"indices":[0],"memoryMiB":[24576]}'

@@ -187,7 +187,11 @@ async def test_a_second_live_job_of_a_task_is_deleted_at_the_rebuild(cluster: Cl
             return not await job_exists(cluster, "t-2")
 
         assert await eventually(gone)
-        warnings = [e for e in await cluster.events_for("t") if e[0] == "Warning"]
+
+        async def warnings_of() -> list[tuple[str, str, str]]:
+            return [e for e in await cluster.events_for("t") if e[0] == "Warning"]
+
+        warnings = await eventually(warnings_of)
         why = "Job t-2 was a second live Job of the task (its status names t-1); deleted"
         assert (await job_exists(cluster, "t-1"), warnings) == (True, [("Warning", "StrayJobDeleted", why)])
 

@@ -98,15 +98,18 @@ async def test_default_local_queue_produces_the_kueue_conflict_condition_and_eve
         async def conflict() -> tuple[str, str, str] | None:
             return condition(await cluster.task("train"), "KueueConflict")
 
+        message = (
+            "Kueue would suspend the Jobs gputask emits: namespace 'default' has a LocalQueue named 'default'. "
+            "To fix it, exclude the namespace from Kueue's managedJobsNamespaceSelector, remove the LocalQueue "
+            "'default' from it, or run gputask with `queueing: kueue`"
+        )
+
+        async def warned() -> bool:  # the Event is posted once the status write has landed, so a moment later
+            return ("Warning", "KueueWouldSuspendJob", message) in await cluster.events_for("train")
+
         found = await eventually(conflict)
-        events = await cluster.events_for("train")
-    message = (
-        "Kueue would suspend the Jobs gputask emits: namespace 'default' has a LocalQueue named 'default'. "
-        "To fix it, exclude the namespace from Kueue's managedJobsNamespaceSelector, remove the LocalQueue "
-        "'default' from it, or run gputask with `queueing: kueue`"
-    )
+        assert await eventually(warned)
     assert found == ("True", "KueueWouldSuspendJob", message)
-    assert ("Warning", "KueueWouldSuspendJob", message) in events
 
 
 async def test_a_job_kueue_suspended_is_explained_on_its_task(cluster: Cluster) -> None:

@@ -174,7 +174,7 @@ async def test_invalid_spec_fails_with_a_reason_and_blocks_nothing(cluster: Clus
         message = "set at most one of spec.gpuMemory and spec.gpuFraction"
         bad = await eventually(failed)
         assert (bad["status"]["conditions"][0]["reason"], bad["status"]["message"]) == ("InvalidSpec", message)
-        assert await cluster.events_for("bad") == [("Warning", "InvalidSpec", message)]
+        assert await eventually(lambda: cluster.events_for("bad")) == [("Warning", "InvalidSpec", message)]
         assert await job_of(cluster, "bad-1") is None
 
 
