@@ -262,6 +262,9 @@ def placement_problems(s: Scheduler) -> list[str]:
         reserved_on = [n for n in s.cluster if key in n.tasks]
         if not ok or [n.name for n in reserved_on] != [placement.node]:
             problems.append(f"{key}: {placement} for {request}, reserved on {[n.name for n in reserved_on]}")
+    by_queue = {(q, k) for q, entries in s.ledger.by_queue.items() for k in entries}
+    if by_queue != {(e.task.queue, k) for k, e in s.running.items()}:  # the ledger's index of running by queue
+        problems.append(f"ledger.by_queue {sorted(by_queue)} is not running by queue")
     return problems
 
 

@@ -52,6 +52,16 @@ class Ledger:
         self.running: dict[TaskKey, Entry] = {}
         self.nominated: dict[TaskKey, Entry] = {}
         self.held: dict[TaskKey, Placement] = {}
+        self.by_queue: dict[str, dict[TaskKey, Entry]] = {}  # ``running`` by the task's queue
+
+    def _run(self, entry: Entry) -> None:
+        self.running[entry.task.key] = entry
+        self.by_queue.setdefault(entry.task.queue, {})[entry.task.key] = entry
+
+    def running_in(self, queues: Iterable[str]) -> Iterator[Entry]:
+        """The running entries of tasks of ``queues``."""
+        for queue in queues:
+            yield from self.by_queue.get(queue, {}).values()
 
     # -- making reservations -------------------------------------------------------------------
     def usage(self, placement: Placement) -> Usage:
@@ -62,7 +72,7 @@ class Ledger:
     def admit(self, task: Task, placement: Placement, now: float, *, charge: bool = True) -> Entry:
         """Reserve ``placement`` and charge the queue; raises OverCommitError when it does not fit."""
         entry = self._book(task, placement, now, charge=charge, force=False)
-        self.running[task.key] = entry
+        self._run(entry)
         return entry
 
     def nominate(self, task: Task, placement: Placement, victims: Iterable[TaskKey], now: float) -> Entry:
@@ -82,7 +92,7 @@ class Ledger:
             entry = self._book(task, placement, admitted_at, charge=charge, force=True)
         else:
             entry = Entry(task, placement, {}, admitted_at, charged=charge)
-        self.running[task.key] = entry
+        self._run(entry)
         return entry
 
     def hold(self, key: TaskKey, placement: Placement, *, fit: bool = False) -> Placement | None:
@@ -122,7 +132,7 @@ class Ledger:
         """A nominated preemptor whose victims are gone becomes running at ``now``."""
         entry = self.nominated.pop(key)
         entry.admitted_at = now
-        self.running[key] = entry
+        self._run(entry)
         return entry
 
     def victim_gone(self, key: TaskKey) -> None:
@@ -132,7 +142,13 @@ class Ledger:
 
     def release(self, key: TaskKey) -> Entry | Placement | None:
         """Give back whatever ``key`` reserves: GPUs and quota. Returns the entry (or a hold's placement)."""
-        entry = self.running.pop(key, None) or self.nominated.pop(key, None)
+        entry = self.running.pop(key, None)
+        if entry is not None:
+            queue = self.by_queue[entry.task.queue]
+            del queue[key]
+            if not queue:
+                del self.by_queue[entry.task.queue]
+        entry = entry or self.nominated.pop(key, None)
         held = self.held.pop(key, None) if entry is None else None
         if entry is None and held is None:
             return None

@@ -255,10 +255,17 @@ def _removal_order(victim: Victim) -> tuple[object, ...]:
 
 
 def candidates(
-    task: Task, running: Iterable[Entry], quotas: QuotaBook, *, borrowing: bool, least: Usage
+    task: Task,
+    running: Iterable[Entry] | Callable[[set[str]], Iterable[Entry]],
+    quotas: QuotaBook,
+    *,
+    borrowing: bool,
+    least: Usage,
 ) -> dict[str, list[Victim]]:
     """Running tasks the queues' policies let ``task`` preempt, by node name.
 
+    ``running``: the running entries, or a function giving those of some queues (the ledger's
+    ``running_in``), so only the queues whose tasks could be victims are read.
     ``borrowing`` says whether the preemptor would use more than its nominal quota; ``least``
     is the least it can charge (for the fair-sharing rule, judged per victim before planning).
     Entries whose quota someone else books (Kueue mode) are never candidates.
@@ -274,7 +281,7 @@ def candidates(
     queues = _victim_queues(task, quotas)
     if not queues:
         return out
-    for entry in running:
+    for entry in running(queues) if callable(running) else running:
         if not entry.charged or entry.task.queue not in queues:
             continue
         victim = Victim(entry.task, entry.placement, entry.usage, entry.admitted_at)

@@ -393,6 +393,9 @@ class Scheduler:
 
     def _drain(self) -> list[Decision]:
         out: list[Decision] = []
+        draining = {name for name, spec in self.quotas.specs.items() if spec.stop_policy == "HoldAndDrain"}
+        if not draining:
+            return out
         for key, entry in list(self.ledger.running.items()):
             spec = self.quotas.specs.get(entry.task.queue)
             if entry.charged and spec is not None and spec.stop_policy == "HoldAndDrain":
@@ -508,7 +511,7 @@ class Scheduler:
         return decisions
 
     def _plan(self, task: Task, quota: QuotaCheck, borrowing: bool, least: Usage) -> Plan | None:
-        found = candidates(task, self.ledger.running.values(), self.quotas, borrowing=borrowing, least=least)
+        found = candidates(task, self.ledger.running_in, self.quotas, borrowing=borrowing, least=least)
         if not found:
             return None
         return Planner(self.cluster, self.quotas, self.policy).plan(task, found, quota)
