@@ -316,3 +316,30 @@ def test_a_victim_of_another_queue_is_taken_only_while_its_queue_still_borrows()
     s.submit(big)
     assert [d for d in s.cycle(1.0) if not isinstance(d, Pending)] == []
     assert sorted(s.running) == ["ns/small", "ns/whole"]
+
+
+def test_a_failed_preemption_is_not_planned_again_until_something_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning is the costly part of a cycle: a shape and priority that found no plan is not planned
+    again while reservations, nodes, queues and the policy are unchanged; any change plans again."""
+    s = Scheduler(nodes=[node("a", 24)])
+    s.set_queue(cq(gpus=4, within="LowerPriority"))
+    running(s, whole("same", 5))
+    waiting = whole("waiting", 5, created=1.0)  # same priority: nothing it may preempt
+    s.submit(waiting)
+    plans: list[str] = []
+    real = Scheduler._preempt
+
+    def counted(self: Scheduler, task: Task, *args: object) -> object:
+        plans.append(task.key)
+        return real(self, task, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Scheduler, "_preempt", counted)
+    s.cycle(1.0)
+    s.cycle(2.0)
+    assert plans == ["ns/waiting"]
+    s.set_queue(cq(gpus=4, within="LowerPriority"))  # the queue was set again: plan again
+    s.cycle(3.0)
+    s.cycle(4.0)
+    s.set_node(node("a", 24))  # the node was reported again: plan again
+    s.cycle(5.0)
+    assert plans == ["ns/waiting"] * 3

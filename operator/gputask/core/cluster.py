@@ -239,6 +239,7 @@ class ClusterState:
         self._index: NodeIndex | None = None
         self._reservations: dict[TaskKey, Reservation] = {}
         self.generation = 0
+        self.nodes_version = 0  # changes when a node is set or removed (not on reservations)
         for node in nodes:
             self.set_node(node)
 
@@ -274,6 +275,7 @@ class ClusterState:
         if self._index is not None:
             self._index.replace(state)
         self.generation += 1
+        self.nodes_version += 1
         return sorted(set(lost))
 
     def remove_node(self, name: NodeName) -> list[TaskKey]:
@@ -283,6 +285,7 @@ class ClusterState:
             return []
         self._sorted = self._index = None
         self.generation += 1
+        self.nodes_version += 1
         return sorted(state.tasks)
 
     def node(self, name: NodeName) -> NodeState:

@@ -53,8 +53,10 @@ class Ledger:
         self.nominated: dict[TaskKey, Entry] = {}
         self.held: dict[TaskKey, Placement] = {}
         self.by_queue: dict[str, dict[TaskKey, Entry]] = {}  # ``running`` by the task's queue
+        self.version = 0  # changes with every reservation, release, hold or promotion
 
     def _run(self, entry: Entry) -> None:
+        self.version += 1
         self.running[entry.task.key] = entry
         self.by_queue.setdefault(entry.task.queue, {})[entry.task.key] = entry
 
@@ -119,9 +121,11 @@ class Ledger:
         request = GpuRequest(len(slots), memory_mib=max(s.memory_mib for s in slots))  # shared, never exclusive
         self.cluster.reserve(Task(key, "", request, priority=HOLD_PRIORITY), held, force=True)
         self.held[key] = held
+        self.version += 1
         return held
 
     def _book(self, task: Task, placement: Placement, now: float, *, charge: bool, force: bool) -> Entry:
+        self.version += 1
         self.cluster.reserve(task, placement, force=force)
         usage = self.usage(placement) if charge else {}
         self.quotas.charge(task.queue, usage)
@@ -152,6 +156,7 @@ class Ledger:
         held = self.held.pop(key, None) if entry is None else None
         if entry is None and held is None:
             return None
+        self.version += 1
         self.cluster.release(key)
         if entry is not None:
             self.quotas.charge(entry.task.queue, entry.usage, -1)

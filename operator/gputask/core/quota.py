@@ -131,15 +131,18 @@ class QuotaBook:
     def __init__(self) -> None:
         self.specs: dict[str, QueueSpec] = {}
         self.usage: dict[str, Usage] = {}
+        self.specs_version = 0  # changes whenever a spec is set or removed
 
     def set_queue(self, spec: QueueSpec) -> None:
         """Add or replace a queue's spec, keeping its usage."""
         self.specs[spec.name] = spec
         self.usage.setdefault(spec.name, {})
+        self.specs_version += 1
 
     def remove_queue(self, name: str) -> None:
         """Forget a queue's spec (usage stays, so running work is still counted)."""
         self.specs.pop(name, None)
+        self.specs_version += 1
 
     def cohort_members(self, cohort: str | None) -> Iterable[QueueSpec]:
         """Queues of ``cohort`` (none for a queue without a cohort)."""

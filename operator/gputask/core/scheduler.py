@@ -139,6 +139,8 @@ class Scheduler:
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         self._departures = itertools.count(1)  # names the holds of evicted workloads
+        # preemptions that found no plan, by (queue, shape, priority): the world then, the oldest task tried
+        self._preemption_failed: dict[tuple[object, ...], tuple[tuple[int, int, int, int], tuple[float, str]]] = {}
         for node in nodes:
             self.set_node(node)
 
@@ -436,9 +438,11 @@ class Scheduler:
         # at this priority, it fails for every later task of the same shape and priority.
         attempt = (shape, task.priority)
         if known.reason is not Reason.INADMISSIBLE and any_preemption(spec) and attempt not in memo.preemption_failed:
-            preempted = self._preempt(task, self._quota_check(task), now)
-            if preempted:
-                return preempted
+            if not self._failed_before(attempt, task):
+                preempted = self._preempt(task, self._quota_check(task), now)
+                if preempted:
+                    return preempted
+                self._remember_failed(attempt, task)
             memo.preemption_failed.add(attempt)
         if spec.strategy == "StrictFIFO" and known.reason is not Reason.INADMISSIBLE:  # the never-fitting block nobody
             memo.blocked_queues.add(task.queue)
@@ -482,6 +486,24 @@ class Scheduler:
         self.filters.pop(key, None)
 
     # -- preemption -----------------------------------------------------------------------------
+    def _world(self) -> tuple[int, int, int, int]:
+        """Changes whenever anything a preemption plan reads could have changed: reservations and quota
+        charges (the ledger), nodes, queue specs, and what the policy's scores mean."""
+        return (self.ledger.version, self.cluster.nodes_version, self.quotas.specs_version, self.policy.generation)
+
+    def _failed_before(self, attempt: tuple[object, ...], task: Task) -> bool:
+        """A plan for this shape and priority failed in an unchanged world for a task no newer than
+        ``task``: it fails again (a newer task has no more victims: LowerOrNewerEqualPriority)."""
+        seen = self._preemption_failed.get(attempt)
+        return seen is not None and seen[0] == self._world() and seen[1] <= (task.created, task.key)
+
+    def _remember_failed(self, attempt: tuple[object, ...], task: Task) -> None:
+        if not self.policy.scores_by_state:
+            return  # a policy that draws random numbers must see every trial, as before
+        if len(self._preemption_failed) > 16384:
+            self._preemption_failed.clear()
+        self._preemption_failed[attempt] = (self._world(), (task.created, task.key))
+
     def _preempt(self, task: Task, quota: QuotaCheck, now: float) -> list[Decision]:
         """Plan and start a preemption for ``task``; [] when none helps.
 
