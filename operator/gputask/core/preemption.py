@@ -166,24 +166,48 @@ class Planner:
 
         Returns the victims with the placement found for exactly that set (policies such as
         random may answer differently on each call, so the placement is never recomputed).
+        The victims taken so far stay released between trials (each trial releases or restores one
+        task, not the whole set) and are all restored before returning.
         """
         victims: list[Victim] = []
         placement: Placement | None = None
-        for candidate in ordered:
-            if candidate.task.queue != task.queue and not borrowing_after(self.quotas, candidate.task.queue, victims):
-                continue  # taking it would push its queue below its nominal quota (Kueue re-checks each one)
-            victims.append(candidate)
-            placement = self._fits(task, state, quota, victims)
-            if placement is not None:
-                break
-        if placement is None:
+        try:
+            for candidate in ordered:
+                # (victims are released, so their usage is already off their queues)
+                if candidate.task.queue != task.queue and not borrowing_after(self.quotas, candidate.task.queue, []):
+                    continue  # taking it would push its queue below its nominal quota (Kueue re-checks each one)
+                self._release(candidate)
+                victims.append(candidate)
+                placement = self._fits_released(task, state, quota)
+                if placement is not None:
+                    break
+            if placement is None:
+                return None
+            for candidate in reversed(list(victims)):  # reprieve: highest priority first
+                self._restore(candidate)
+                found = self._fits_released(task, state, quota)
+                if found is not None:
+                    victims, placement = [v for v in victims if v is not candidate], found
+                else:
+                    self._release(candidate)
+            return victims, placement
+        finally:
+            for v in reversed(victims):
+                self._restore(v)
+
+    def _release(self, victim: Victim) -> None:
+        self.cluster.release(victim.task.key)
+        self.quotas.charge(victim.task.queue, victim.usage, -1)
+
+    def _restore(self, victim: Victim) -> None:
+        self.cluster.reserve(victim.task, victim.placement, force=True)
+        self.quotas.charge(victim.task.queue, victim.usage)
+
+    def _fits_released(self, task: Task, state: NodeState, quota: QuotaCheck) -> Placement | None:
+        """Where ``task`` goes on ``state`` as it is now (the trial's victims already released)."""
+        if not could_fit_without(state, task, []):
             return None
-        for candidate in reversed(list(victims)):  # reprieve: highest priority first
-            trial = [v for v in victims if v is not candidate]
-            found = self._fits(task, state, quota, trial)
-            if found is not None:
-                victims, placement = trial, found
-        return victims, placement
+        return find_placement(self.cluster, task, self.policy, quota=quota, nodes=[state]).placement
 
 
 def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bool:
