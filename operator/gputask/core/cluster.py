@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,6 +241,7 @@ class ClusterState:
         self._reservations: dict[TaskKey, Reservation] = {}
         self.generation = 0
         self.nodes_version = 0  # changes when a node is set or removed (not on reservations)
+        self._deferred: set[NodeName] | None = None  # nodes whose index rows wait (deferred_index)
         for node in nodes:
             self.set_node(node)
 
@@ -314,8 +316,30 @@ class ClusterState:
     def _touched(self, state: NodeState) -> None:
         state.generation += 1
         self.generation += 1
-        if self._index is not None:
+        if self._deferred is not None:
+            self._deferred.add(state.name)
+        elif self._index is not None:
             self._index.refresh(state)
+
+    @contextmanager
+    def deferred_index(self) -> Iterator[None]:
+        """Index rows of the nodes whose reservations change inside are refreshed once, on leaving.
+
+        For preemption trials, which release and restore victims many times and search only the
+        node states themselves (never the index's columns) in between. Nested use is one deferral.
+        """
+        if self._deferred is not None:
+            yield
+            return
+        self._deferred = set()
+        try:
+            yield
+        finally:
+            names, self._deferred = self._deferred, None
+            if self._index is not None:
+                for name in sorted(names):
+                    if name in self._nodes:
+                        self._index.refresh(self._nodes[name])
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.sorted_nodes())

@@ -139,6 +139,10 @@ class Planner:
         quota: QuotaCheck,
     ) -> Plan | None:
         """The best single-node plan for ``task`` among ``candidates_by_node``, or None."""
+        with self.cluster.deferred_index():  # trials touch node states only; the index catches up once
+            return self._plan(task, candidates_by_node, quota)
+
+    def _plan(self, task: Task, candidates_by_node: dict[str, list[Victim]], quota: QuotaCheck) -> Plan | None:
         best: tuple[tuple[object, ...], Plan] | None = None
         for name in sorted(candidates_by_node):
             state = self.cluster.node(name)  # type: ignore[arg-type]
