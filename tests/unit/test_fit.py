@@ -179,6 +179,12 @@ def test_constraints_refuse_what_the_pod_api_refuses() -> None:
         {"tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}]},
         {"tolerations": [{"key": "bad key!", "operator": "Exists"}]},
         {"tolerations": [{"key": "k", "value": 0}]},
+        {"tolerations": [{"key": "k", "value": "bad value!"}]},
+        {"tolerations": [{"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": "x"}]},
+        {"nodeSelector": {"a b": "x"}},
+        {"nodeSelector": {"zone": "bad value!"}},
+        {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": ["In"], "values": ["a"]}]}]}}}},
     ]
     for spec in bad:
         with pytest.raises(ValueError):
@@ -195,6 +201,9 @@ def test_gt_and_lt_read_integers_as_go_does_and_a_term_that_cannot_parse_matches
     constraints = constraints_of(spec)
     assert static_refusal(constraints, (("gen", "9"), ("zone", "a")), (), "n") is not None
     assert static_refusal(constraints, (("gen", "9"), ("zone", "b")), (), "n") is None
+    negative = constraints_of({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["-5"]}]}]}}}})
+    assert static_refusal(negative, (("gen", "3"),), (), "n") is not None  # "-5" is no label value: no match
     gt4 = Requirement("gen", "Gt", ("4",))
     labels = ("5", "+5", " 5", "0_5", "9" * 20, "-9")
     assert [gt4.matches(v) for v in labels] == [True, True, False, False, False, False]
@@ -202,13 +211,17 @@ def test_gt_and_lt_read_integers_as_go_does_and_a_term_that_cannot_parse_matches
 
 
 def test_pod_level_resources_set_the_pods_cpu_and_memory() -> None:
-    """spec.resources (PodLevelResources) replaces the containers' sum for cpu and memory."""
+    """spec.resources (PodLevelResources) replaces the containers' sum for cpu and memory; a pod-level limit
+    alone stands for the request only where no container requests that resource (API defaulting)."""
     spec = {"resources": {"requests": {"cpu": "20"}},
             "containers": [{"name": "a", "resources": resources("1", "1Gi")}]}
     assert pod_requests(spec) == Requests(cpu_milli=20000, memory_mib=1024)
+    limited = {"resources": {"limits": {"cpu": "4", "memory": "8Gi"}},
+               "containers": [{"name": "a", "resources": resources("1")}]}
+    assert pod_requests(limited) == Requests(cpu_milli=1000, memory_mib=8192)
 
 
-@pytest.mark.parametrize("amount", ["NaN", "sNaN", " 1", "1_0", "Infinity", "-1"])
+@pytest.mark.parametrize("amount", ["NaN", "sNaN", " 1", "1_0", "Infinity", "-1", "1\n"])
 def test_a_quantity_the_api_server_refuses_is_invalid_spec_not_a_crash(amount: str) -> None:
     """Python's Decimal takes NaN, spaces and underscores; the API server's quantity grammar does not."""
     obj = {"metadata": {"name": "t", "namespace": "ns"}, "spec": {"queueName": "q", "gpus": 1, "template": {

@@ -119,7 +119,8 @@ def test_placement_annotation_round_trips() -> None:
 
 
 def test_the_node_requirement_joins_every_node_selector_term_of_the_users_affinity() -> None:
-    """Terms are ORed: the node is required in each of the user's terms, and the rest of the affinity stays."""
+    """Terms are ORed: the node is required in each of the user's terms (an empty term, which matches nothing,
+    is dropped rather than pinned into matching), and the rest of the affinity stays."""
     zone = {"key": "zone", "operator": "In", "values": ["a"]}
     gpu = {"key": "gpu", "operator": "Exists"}
     preferred = [{"weight": 1, "preference": {"matchExpressions": [zone]}}]
@@ -132,7 +133,7 @@ def test_the_node_requirement_joins_every_node_selector_term_of_the_users_affini
                     "affinity": {
                         "nodeAffinity": {
                             "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [gpu]}]
+                                "nodeSelectorTerms": [{"matchExpressions": [zone]}, {}, {"matchFields": [gpu]}]
                             },
                             "preferredDuringSchedulingIgnoredDuringExecution": preferred,
                         },

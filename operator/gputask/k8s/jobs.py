@@ -77,7 +77,8 @@ def _pin_pod_spec(pod_spec: dict[str, Any], node: str, uuids: str) -> None:
     node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
     required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     pin = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
-    terms = [dict(term) for term in required.get("nodeSelectorTerms") or []] or [{}]
+    given = [t for t in required.get("nodeSelectorTerms") or [] if t.get("matchExpressions") or t.get("matchFields")]
+    terms = [dict(term) for term in given] or [{}]  # an empty term matches nothing: pinned, it would match
     for term in terms:
         term["matchFields"] = [*(term.get("matchFields") or []), pin]
     required["nodeSelectorTerms"] = terms

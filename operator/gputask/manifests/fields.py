@@ -42,7 +42,7 @@ def kube_quantity(value: Any) -> Decimal:
     raises ValueError with the server's wording otherwise."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"{value!r} is not a quantity")
-    if isinstance(value, str) and not QUANTITY.match(value):
+    if isinstance(value, str) and not QUANTITY.fullmatch(value):
         raise ValueError(f"{value!r}: quantities must match the regular expression '{QUANTITY.pattern}'")
     try:
         amount = Decimal(parse_quantity(value))

@@ -45,9 +45,9 @@ def qualified_name(key: str) -> bool:
     prefix, _, name = key.rpartition("/")
     if "/" in prefix or (prefix == "" and key.startswith("/")):
         return False
-    if prefix and (len(prefix) > 253 or not _PREFIX.match(prefix)):
+    if prefix and (len(prefix) > 253 or not _PREFIX.fullmatch(prefix)):
         return False
-    return 0 < len(name) <= 63 and bool(_NAME.match(name))
+    return 0 < len(name) <= 63 and bool(_NAME.fullmatch(name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +113,20 @@ def _max(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decima
     return {name: max(a.get(name, Decimal(0)), b.get(name, Decimal(0))) for name in set(a) | set(b)}
 
 
+def _pod_level(spec: Mapping[str, Any], path: str, containers: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    """Pod-level ``spec.resources`` (PodLevelResources, beta in 1.34) for cpu and memory: its request, or
+    where only a limit is set and no container requests that resource, the limit (API defaulting)."""
+    resources = _mapping(spec.get("resources"))
+    requests, limits = _mapping(resources.get("requests")), _mapping(resources.get("limits"))
+    out: dict[str, Decimal] = {}
+    for name in POD_LEVEL:
+        if name in requests:
+            out[name] = _amount(requests[name], f"{path}.resources.requests[{name}]")
+        elif name in limits and not containers.get(name):
+            out[name] = _amount(limits[name], f"{path}.resources.limits[{name}]")
+    return out
+
+
 def pod_requests(spec: Mapping[str, Any], path: str = "spec") -> Requests:
     """A pod spec's effective requests (module docstring); raises ValueError on a bad quantity."""
     total: dict[str, Decimal] = {}
@@ -130,8 +144,7 @@ def pod_requests(spec: Mapping[str, Any], path: str = "spec") -> Requests:
         else:
             inits = _max(inits, _add(asked, sidecars))
     total = _max(total, inits)
-    pod_level = _container_requests(spec, f"{path}")  # spec.resources (PodLevelResources, beta in 1.34)
-    total.update({name: amount for name, amount in pod_level.items() if name in POD_LEVEL})
+    total.update(_pod_level(spec, path, total))
     overhead = _mapping(spec.get("overhead"))
     total = _add(total, {n: _amount(overhead[n], f"{path}.overhead[{n}]") for n in RESOURCES if n in overhead})
     cpu, memory, storage = (_units(n, total.get(n, Decimal(0)), up=True) for n in RESOURCES)
@@ -154,7 +167,7 @@ def _requirement(raw: Any, field: str, *, on_name: bool) -> Requirement:
         raise ValueError(f"{field}.key: Required value")
     if not on_name and not qualified_name(key):
         raise ValueError(f"{field}.key: Invalid value: {key!r}: {QUALIFIED_NAME_RULE}")
-    if op not in SELECTOR_OPERATORS:
+    if not isinstance(op, str) or op not in SELECTOR_OPERATORS:
         raise ValueError(f"{field}.operator: Invalid value: {op!r}: not a valid selector operator")
     if on_name and (key != "metadata.name" or op not in ("In", "NotIn") or len(values) != 1):
         raise ValueError(f"{field}: matchFields supports only key metadata.name with In or NotIn and one value")
@@ -169,6 +182,23 @@ def _requirement(raw: Any, field: str, *, on_name: bool) -> Requirement:
             f"{field}.values: Required value: must be specified single value when `operator` is 'Lt' or 'Gt'"
         )
     return Requirement(key, op, values)
+
+
+def _term(raw: Mapping[str, Any], where: str) -> Term:
+    """One nodeSelectorTerm. A value that is no label value (``validation.IsValidLabelValue``) passes the
+    pod API but makes kube-scheduler's ``labels.NewRequirement`` fail: that term then matches nothing."""
+    expressions = tuple(_requirement(r, f"{where}.matchExpressions[{j}]", on_name=False)
+                        for j, r in enumerate(raw.get("matchExpressions") or []))
+    fields = tuple(_requirement(r, f"{where}.matchFields[{j}]", on_name=True)
+                   for j, r in enumerate(raw.get("matchFields") or []))
+    if not all(label_value(v) for r in expressions for v in r.values):
+        return Term()
+    return Term(expressions, fields)
+
+
+def label_value(value: str) -> bool:
+    """Whether ``value`` is a label value: empty, or at most 63 alphanumerics, '-', '_', '.' inside."""
+    return value == "" or (len(value) <= 63 and bool(_NAME.fullmatch(value)))
 
 
 def _tolerations(raw: Any, field: str) -> tuple[Toleration, ...]:
@@ -196,7 +226,13 @@ def _tolerations(raw: Any, field: str) -> tuple[Toleration, ...]:
                              "'Exists'")
         if effect and effect not in TAINT_EFFECTS:
             raise ValueError(f"{where}.effect: Unsupported value: {effect!r}")
-        if entry.get("tolerationSeconds") is not None and effect != "NoExecute":
+        if op != "Exists" and not label_value(value):
+            raise ValueError(f"{where}.value: Invalid value: {value!r}: a valid label value must be 63 characters "
+                             "or less and must be empty or begin and end with an alphanumeric character")
+        seconds = entry.get("tolerationSeconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            raise ValueError(f"{where}.tolerationSeconds: Invalid value: {seconds!r}: must be an integer")
+        if seconds is not None and effect != "NoExecute":
             raise ValueError(f"{where}.effect: Invalid value: {effect!r}: effect must be 'NoExecute' when "
                              "`tolerationSeconds` is set")
         out.append(Toleration(key, op, value, effect))
@@ -209,6 +245,12 @@ def constraints_of(spec: Mapping[str, Any], path: str = "spec") -> Constraints |
     selector = spec.get("nodeSelector") or {}
     if not isinstance(selector, Mapping) or not all(isinstance(v, str) for v in selector.values()):
         raise ValueError(f"{path}.nodeSelector: must be a map of strings")
+    for key, value in selector.items():
+        if not isinstance(key, str) or not qualified_name(key):
+            raise ValueError(f"{path}.nodeSelector: Invalid value: {key!r}: {QUALIFIED_NAME_RULE}")
+        if not label_value(value):
+            raise ValueError(f"{path}.nodeSelector: Invalid value: {value!r}: a valid label value must be 63 "
+                             "characters or less and must be empty or begin and end with an alphanumeric character")
     node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
     required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms: tuple[Term, ...] | None = None
@@ -217,15 +259,7 @@ def constraints_of(spec: Mapping[str, Any], path: str = "spec") -> Constraints |
         where = f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
         if not isinstance(raw_terms, list) or not raw_terms:
             raise ValueError(f"{where}: Required value: must have at least one node selector term")
-        terms = tuple(
-            Term(
-                tuple(_requirement(r, f"{where}[{i}].matchExpressions[{j}]", on_name=False)
-                      for j, r in enumerate(_mapping(t).get("matchExpressions") or [])),
-                tuple(_requirement(r, f"{where}[{i}].matchFields[{j}]", on_name=True)
-                      for j, r in enumerate(_mapping(t).get("matchFields") or [])),
-            )
-            for i, t in enumerate(raw_terms)
-        )
+        terms = tuple(_term(_mapping(t), f"{where}[{i}]") for i, t in enumerate(raw_terms))
     tolerations = _tolerations(spec.get("tolerations"), f"{path}.tolerations")
     if not selector and terms is None and not tolerations:
         return None
