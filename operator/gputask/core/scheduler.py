@@ -395,9 +395,8 @@ class Scheduler:
 
     def _drain(self) -> list[Decision]:
         out: list[Decision] = []
-        draining = {name for name, spec in self.quotas.specs.items() if spec.stop_policy == "HoldAndDrain"}
-        if not draining:
-            return out
+        if not any(spec.stop_policy == "HoldAndDrain" for spec in self.quotas.specs.values()):
+            return out  # nothing drains: no need to walk every running task
         for key, entry in list(self.ledger.running.items()):
             spec = self.quotas.specs.get(entry.task.queue)
             if entry.charged and spec is not None and spec.stop_policy == "HoldAndDrain":
