@@ -83,7 +83,8 @@ class Toleration:
 
 @dataclass(frozen=True, slots=True)
 class Requirement:
-    """One node selector requirement: ``key``, ``operator`` (:data:`SELECTOR_OPERATORS`), ``values``."""
+    """One node selector requirement: ``key``, ``operator`` (:data:`SELECTOR_OPERATORS`), ``values``; also a
+    LabelSelector's ``matchExpressions`` entry (``quota.LabelRequirement``: In, NotIn, Exists, DoesNotExist)."""
 
     key: str
     operator: str

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gputask.core.fit import Requirement
 from gputask.core.model import MILLI_PER_GPU, Placement
 
 GPU = "nvidia.com/gpu"
@@ -41,24 +42,9 @@ class ResourceQuota:
     lending_limit: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LabelRequirement:
-    """One ``matchExpressions`` entry: key, operator (In, NotIn, Exists, DoesNotExist), values."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """True when ``labels`` satisfy this requirement."""
-        present = self.key in labels
-        if self.operator == "In":
-            return present and labels[self.key] in self.values
-        if self.operator == "NotIn":
-            return not present or labels[self.key] not in self.values
-        if self.operator == "Exists":
-            return present
-        return not present  # DoesNotExist
+LabelRequirement = Requirement
+"""One ``matchExpressions`` entry of a LabelSelector (In, NotIn, Exists, DoesNotExist): the node
+selector requirement of :mod:`gputask.core.fit`, whose label semantics are the same."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +57,7 @@ class LabelSelector:
     def matches(self, labels: Mapping[str, str]) -> bool:
         """True when every matchLabels pair and every expression holds."""
         return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.match_expressions
+            r.matches(labels.get(r.key)) for r in self.match_expressions
         )
 
 
