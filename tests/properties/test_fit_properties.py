@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputask.core import Gpu, Node, NodeName, Scheduler
+from gputask.core.placement import feasible_gpus, node_fits
 from gputask.core.quota import GPU, QueueSpec, ResourceQuota
+from gputask.core.reasons import refusals
 from gputask.manifests.convert import task_from_manifest
 from gputask.manifests.podfit import node_offer
 
@@ -208,3 +210,26 @@ def test_every_admitted_task_fits_its_node_by_an_independent_check(data: st.Data
         assert s.violations() == []
         if s.running:
             s.finish(sorted(s.running)[0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_the_fast_filter_and_the_explained_one_agree_on_every_node(data: st.DataObject) -> None:
+    """``node_fits`` + ``feasible_gpus`` (the search) and ``refusals`` (the wait message) are two readings of
+    one rule: a node gives no refusal exactly when the search could place the task there."""
+    names = [f"n{i}" for i in range(data.draw(st.integers(1, 4)))]
+    s = Scheduler()
+    s.set_queue(QueueSpec("q", quotas={GPU: ResourceQuota(64_000)}))
+    for name in names:
+        offer = node_offer(data.draw(node_objs(name)))
+        s.set_node(Node(NodeName(name), tuple(Gpu(i, f"{name}-{i}", "A10", 24 * 1024) for i in range(2)),
+                        cpu_milli=offer.cpu_milli, memory_mib=offer.memory_mib, pods=offer.pods,
+                        labels=offer.labels, taints=offer.taints, schedulable=data.draw(st.booleans())))
+    tasks = [task_from_manifest(data.draw(task_objs(f"t{i}"))) for i in range(data.draw(st.integers(1, 6)))]
+    for task in tasks:
+        s.submit(task)
+    s.cycle(0.0)  # some tasks admitted: the nodes are partly used
+    for task in tasks:
+        for state in s.cluster.sorted_nodes():
+            placeable = node_fits(state, task) and len(feasible_gpus(state, task)) >= task.request.count
+            assert placeable == (refusals(state, task) == []), (task.key, state.name)

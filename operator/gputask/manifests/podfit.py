@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -90,16 +90,23 @@ def _units(resource: str, amount: Decimal, *, up: bool) -> int:
     return math.ceil(scaled) if up else math.floor(scaled)
 
 
-def _container_requests(container: Mapping[str, Any], field: str) -> dict[str, Decimal]:
-    resources = _mapping(container.get("resources"))
+def _requests(
+    owner: Mapping[str, Any], field: str, names: tuple[str, ...], limit_stands: Callable[[str], bool]
+) -> dict[str, Decimal]:
+    """``owner.resources`` requests of ``names``; a limit stands for a missing request where ``limit_stands``."""
+    resources = _mapping(owner.get("resources"))
     requests, limits = _mapping(resources.get("requests")), _mapping(resources.get("limits"))
     out: dict[str, Decimal] = {}
-    for name in RESOURCES:
+    for name in names:
         if name in requests:
             out[name] = _amount(requests[name], f"{field}.resources.requests[{name}]")
-        elif name in limits:
+        elif name in limits and limit_stands(name):
             out[name] = _amount(limits[name], f"{field}.resources.limits[{name}]")
     return out
+
+
+def _container_requests(container: Mapping[str, Any], field: str) -> dict[str, Decimal]:
+    return _requests(container, field, RESOURCES, lambda _name: True)
 
 
 def _add(into: dict[str, Decimal], more: Mapping[str, Decimal]) -> dict[str, Decimal]:
@@ -116,15 +123,7 @@ def _max(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decima
 def _pod_level(spec: Mapping[str, Any], path: str, containers: Mapping[str, Decimal]) -> dict[str, Decimal]:
     """Pod-level ``spec.resources`` (PodLevelResources, beta in 1.34) for cpu and memory: its request, or
     where only a limit is set and no container requests that resource, the limit (API defaulting)."""
-    resources = _mapping(spec.get("resources"))
-    requests, limits = _mapping(resources.get("requests")), _mapping(resources.get("limits"))
-    out: dict[str, Decimal] = {}
-    for name in POD_LEVEL:
-        if name in requests:
-            out[name] = _amount(requests[name], f"{path}.resources.requests[{name}]")
-        elif name in limits and not containers.get(name):
-            out[name] = _amount(limits[name], f"{path}.resources.limits[{name}]")
-    return out
+    return _requests(spec, path, POD_LEVEL, lambda name: not containers.get(name))
 
 
 def pod_requests(spec: Mapping[str, Any], path: str = "spec") -> Requests:
