@@ -343,3 +343,59 @@ def test_a_failed_preemption_is_not_planned_again_until_something_changes(monkey
     s.set_node(node("a", 24))  # the node was reported again: plan again
     s.cycle(5.0)
     assert plans == ["ns/waiting"] * 3
+
+
+# -- the four rules where gputask differed from Kueue (issue: Kueue's queue model, exactly) -----------
+
+
+def _preempted(decisions: list) -> list[str]:
+    return sorted(d.task.key for d in decisions if isinstance(d, Evict) and d.reason == "Preempted")
+
+
+def test_a_queue_under_nominal_preempts_its_own_and_reclaims_in_one_plan() -> None:
+    """Rule 1: qa uses 1 of its 4 GPUs and asks for 4 more. With its own low task counted as a victim it
+    stays within nominal, so Kueue reclaims from the borrower qb as well (``queueUnderNominal...`` is
+    judged on current usage, the plan's fit without borrowing after its own victims). Judging "would it
+    borrow" on usage plus request, before its own victims, dropped the reclaim candidates: it starved."""
+    qa = cq("qa", cohort="org", gpus=4, within="LowerPriority", reclaim="Any")
+    qb = cq("qb", cohort="org", gpus=2)
+    s = Scheduler(nodes=[node("n", *[24] * 6)])
+    s.set_queue(qa)
+    s.set_queue(qb)
+    running(s, task("low", queue="qa", priority=-1))
+    for i in range(4):
+        running(s, task(f"b{i}", queue="qb", created=float(i)), at=float(i))
+    s.submit(task("big", queue="qa", count=4, priority=5))
+    assert _preempted(s.cycle(10.0)) == ["ns/b2", "ns/b3", "ns/low"]  # qb keeps its nominal 2
+
+
+def test_reclaim_takes_the_borrowers_task_before_the_lenders_own_lower_priority_one() -> None:
+    """Rule 4: Kueue orders candidates other queues' first, then priority, then most recently admitted.
+    qa lends to qb; qa's new task must take back the lent GPU, not evict qa's own lower-priority task."""
+    qa = cq("qa", cohort="org", gpus=2, within="LowerPriority", reclaim="Any")
+    qb = cq("qb", cohort="org", gpus=0)
+    s = Scheduler(nodes=[node("n", 24, 24)])
+    s.set_queue(qa)
+    s.set_queue(qb)
+    running(s, task("own-low", queue="qa", priority=-1), task("borrowed", queue="qb"))
+    s.submit(task("new", queue="qa"))
+    assert _preempted(s.cycle(1.0)) == ["ns/borrowed"]
+
+
+def test_fair_sharing_counts_the_preemptors_own_victims_and_tries_the_strategies_in_order() -> None:
+    """Rule 3 (Kueue's "preempt from target and others even if over nominal"): a asks for 4 of the
+    cohort's 9 GPUs; with its own low task of 2 gone its share after admission is below b's, so b1 goes
+    too. Requiring both strategies of every victim, with a's own victims still counted, preempted none."""
+    queues = [cq(n, cohort="all", gpus=3, within="LowerPriority", reclaim="Any", weight=1000) for n in "abc"]
+    s = Scheduler(nodes=[node("n", *[24] * 9)])
+    for q in queues:
+        s.set_queue(q)
+    running(
+        s,
+        task("a1_low", queue="a", count=2, priority=-1),
+        task("a2_low", queue="a", priority=-1),
+        task("b1", queue="b", count=3),
+        task("b2", queue="b", count=3),
+    )
+    s.submit(task("incoming", queue="a", count=4))
+    assert _preempted(s.cycle(1.0)) == ["ns/a1_low", "ns/b1"]

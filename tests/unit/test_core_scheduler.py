@@ -88,9 +88,7 @@ def usage(milli: int, mib: int) -> dict[str, int]:
 def over_quota(t: Task, queue_name: str, left: int = 0, resource: str = GPU) -> Pending:
     """The QuotaExceeded wait of ``t`` in ``queue_name`` with ``left`` of ``resource`` remaining."""
     unit = "milli-GPU" if resource == GPU else "MiB"
-    return Pending(
-        t, "QuotaExceeded", f"quota of {resource} in GPUClusterQueue {queue_name!r} has {left} {unit} left"
-    )
+    return Pending(t, "QuotaExceeded", f"quota of {resource} in GPUClusterQueue {queue_name!r} has {left} {unit} left")
 
 
 def scheduler(nodes: Iterable[Node], queues: Iterable[QueueSpec], tasks: Iterable[Task] = ()) -> Scheduler:
@@ -317,9 +315,7 @@ def test_every_pending_reason_names_its_cause() -> None:
             "needs at least 12288 MiB of gputask.io/gpu-memory; GPUClusterQueue 'small' can never hold more than 8192",
         ),
         Pending(tasks[5], "Inadmissible", "no node could ever hold it: 0/1 nodes fit: 1 fewer than 3 GPUs"),
-        Pending(
-            tasks[2], "NamespaceNotAllowed", "namespace 'ns' is not selected by GPUClusterQueue 'ml-only'"
-        ),
+        Pending(tasks[2], "NamespaceNotAllowed", "namespace 'ns' is not selected by GPUClusterQueue 'ml-only'"),
     ]
 
 
@@ -478,6 +474,33 @@ def _run(policy: str) -> list[list[object]]:
 
 def test_the_same_calls_give_the_same_decisions() -> None:
     """Two schedulers fed the same calls decide identically, for every policy including random."""
-    assert [_run(p) for p in ("bestfit", "firstfit", "random")] == [
-        _run(p) for p in ("bestfit", "firstfit", "random")
+    assert [_run(p) for p in ("bestfit", "firstfit", "random")] == [_run(p) for p in ("bestfit", "firstfit", "random")]
+
+
+def test_across_a_cohort_a_head_within_nominal_goes_before_one_that_borrows() -> None:
+    """Kueue's entryOrdering: qa's second task would borrow qb's unused GPU; qb's own newer task, within
+    its nominal quota, is taken first, so the lender is not starved by a borrower that came earlier."""
+    s = scheduler(
+        [node("a", 24, 24)],
+        [queue("qa", cohort="org", gpu=ResourceQuota(1000)), queue("qb", cohort="org", gpu=ResourceQuota(1000))],
+        [task("a1", queue="qa", created=0), task("a2", queue="qa", created=1), task("b1", queue="qb", created=2)],
+    )
+    admitted = [d.task.key for d in s.cycle(0.0) if isinstance(d, Admit)]
+    assert admitted == ["ns/a1", "ns/b1"]
+
+
+def test_with_fair_sharing_the_queue_with_the_lower_share_after_admission_goes_first() -> None:
+    """Fair sharing orders heads by their queue's share once the head is admitted (Kueue's
+    DominantResourceShareWith), keyed again after each admission: qa and qb alternate on a
+    4-GPU node although all of qa's tasks are older."""
+    fair = [
+        QueueSpec(n, cohort="org", quotas={GPU: ResourceQuota(1000)}, fair_sharing_weight_milli=1000)
+        for n in ("qa", "qb")
     ]
+    lender = QueueSpec("qc", cohort="org", quotas={GPU: ResourceQuota(4000)}, fair_sharing_weight_milli=1000)
+    tasks = [task(f"a{i}", queue="qa", created=i) for i in range(3)] + [
+        task(f"b{i}", queue="qb", created=10 + i) for i in range(3)
+    ]
+    s = scheduler([node("a", 24, 24, 24, 24)], [*fair, lender], tasks)
+    admitted = [d.task.key for d in s.cycle(0.0) if isinstance(d, Admit)]
+    assert admitted == ["ns/a0", "ns/b0", "ns/a1", "ns/b1"]

@@ -1,38 +1,67 @@
-"""Placement-aware preemption with Kueue's ClusterQueue policies.
+"""Placement-aware preemption with Kueue's ClusterQueue policies, Kueue's algorithm step by step.
 
-Who may be preempted (Kueue documentation, "Cluster Queue" > Preemption):
+Source: Kueue, pkg/scheduler/preemption (``GetTargets``, ``findCandidates``, ``minimalPreemptions``,
+``fairPreemptions``, ``candidatesOrdering``) and the documentation's "Preemption" page; ported
+case by case in ``tests/unit/test_kueue_parity.py``.
+
+Who may be preempted (``findCandidates``):
 - same queue: ``withinClusterQueue`` LowerPriority (strictly lower priority) or
   LowerOrNewerEqualPriority (lower, or equal and created later);
-- other queues of the cohort, only while that queue borrows (uses more than its nominalQuota):
-  ``reclaimWithinCohort`` when the preemptor stays within its own nominal quota (Any: any
-  priority; LowerPriority: lower only), ``borrowWithinCohort`` LowerPriority when the preemptor
-  must borrow (lower priority, and at most ``maxPriorityThreshold`` when set).
-- fair sharing (``fairSharing`` on the queues): another queue's task may be preempted only if
-  the preemptor's queue share after admission stays at or below the victim queue's share after
-  the preemption, and strictly below its share before it (Kueue's LessThanOrEqualToFinalShare
-  then LessThanInitialShare), so admission and preemption never contradict each other.
+- other queues of the cohort that borrow now (use more than nominalQuota): ``reclaimWithinCohort``
+  Any (any priority) or LowerPriority (lower only).
+Candidates are ordered: other queues' tasks first, then lower priority, then most recently
+admitted (then the key, for determinism).
 
-Unlike Kueue, victims are chosen on ONE node so that the preemptor really fits there: on each
-node, candidates are removed lowest priority first (most recently admitted, then newest, first)
-until the preemptor fits (a task of another queue only while that queue, its earlier victims
-gone, still borrows: :func:`borrowing_after`), then each removed one is put back while the preemptor still fits
-("reprieve", as in Kueue and kube-scheduler). The node whose victim set is smallest, then has
-the lowest priorities, then the most recently admitted, wins; ties go to the smallest name.
-Planning works on the live state with undo steps: it leaves the state exactly as it found it.
+Which of them (``GetTargets``), with "fits" meaning the preemptor fits quota once the victims so
+far are gone and, with borrowing not allowed, stays within its nominal quota:
+1. only same-queue candidates: the minimal set, borrowing allowed;
+2. fair sharing in the cohort: :meth:`Planner._fair` (strategies in order, queues with the highest
+   share first; ``borrowWithinCohort`` is ignored);
+3. ``borrowWithinCohort: LowerPriority``: unless the queue is under nominal in every resource,
+   other queues' candidates must be below the threshold (the preemptor's priority, or
+   maxPriorityThreshold + 1); the minimal set, borrowing allowed until a candidate at or above
+   the threshold is taken;
+4. otherwise, if the queue is under nominal in every resource: the minimal set of all candidates
+   without borrowing (its own victims counted); failing that, same-queue candidates with borrowing.
+The minimal set: remove candidates in order, skipping another queue's task once that queue no
+longer borrows (checked again after every removal), until the preemptor fits; then put back,
+newest removal first except the last, each one whose return still lets it fit.
+
+Unlike Kueue, victims are chosen on ONE node so that the preemptor really fits there (Kueue
+counts quota only): each step above runs per node over that node's candidates, "fits" also
+asks for a placement on that node, and the node whose victim set is smallest, then has the
+lowest priorities, then the most recently admitted, wins; ties go to the smallest name. On a
+single node with room for everything this is Kueue's answer exactly. Planning works on the live
+state with undo steps: it leaves the state exactly as it found it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.fit import static_refusal
 from gputask.core.ledger import Entry
-from gputask.core.model import Placement, Task
+from gputask.core.model import MILLI_PER_GPU, Placement, Task
 from gputask.core.placement import Policy, QuotaCheck, find_placement
-from gputask.core.quota import QueueSpec, QuotaBook, Usage, add_usage
+from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook, Usage, usage_of
+
+STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
+DEFAULT_STRATEGIES = STRATEGIES
+"""Kueue's fair-sharing ``preemptionStrategies`` (its Configuration), tried in order; the default."""
+
+
+def strategies_of(names: Sequence[str]) -> tuple[str, ...]:
+    """Validated fair-sharing preemption strategies; raises ValueError for an unknown name, an empty
+    list, or a second strategy other than LessThanInitialShare (Kueue's API validation)."""
+    out = tuple(names)
+    if not out or len(out) > 2 or any(n not in STRATEGIES for n in out):
+        raise ValueError(f"preemptionStrategies must be one or two of {', '.join(STRATEGIES)}, got {list(out)}")
+    if len(out) == 2 and out != STRATEGIES:
+        raise ValueError(f"the second preemption strategy can only be LessThanInitialShare, got {list(out)}")
+    return out
 
 
 @dataclass(slots=True)
@@ -53,56 +82,51 @@ class Plan:
     victims: tuple[Victim, ...]
 
 
-def victim_allowed(
-    preemptor: Task,
-    victim: Task,
-    *,
-    quotas: QuotaBook,
-    borrowing: bool,
-    share_ok: Callable[[Victim], bool] | None = None,
-    victim_entry: Victim | None = None,
-    victim_borrowing: bool | None = None,
-) -> bool:
-    """True when the queues' policies let ``preemptor`` preempt ``victim`` (see module doc).
-
-    ``borrowing`` says whether the preemptor would use more than its nominal quota;
-    ``share_ok`` is the fair-sharing rule, given when the cohort shares fairly; ``victim_borrowing``
-    whether the victim's queue borrows, when the caller knows (None: asked of ``quotas``).
-    """
-    spec = quotas.specs.get(preemptor.queue)
-    if spec is None:
-        return False
-    policy = spec.preemption
-    if victim.queue == preemptor.queue:
-        if policy.within_cluster_queue == "LowerPriority":
-            return victim.priority < preemptor.priority
-        if policy.within_cluster_queue == "LowerOrNewerEqualPriority":
-            return victim.priority < preemptor.priority or (
-                victim.priority == preemptor.priority
-                and (victim.created, victim.key) > (preemptor.created, preemptor.key)
-            )
-        return False
-    other = quotas.specs.get(victim.queue)
-    if spec.cohort is None or other is None or other.cohort != spec.cohort:
-        return False
-    if not (quotas.is_borrowing(victim.queue) if victim_borrowing is None else victim_borrowing):
-        return False
-    if share_ok is not None:
-        return policy.reclaim_within_cohort != "Never" and victim_entry is not None and share_ok(victim_entry)
-    if not borrowing:
-        if policy.reclaim_within_cohort == "Any":
-            return True
-        return policy.reclaim_within_cohort == "LowerPriority" and victim.priority < preemptor.priority
-    if policy.reclaim_within_cohort == "Never" or policy.borrow_within_cohort != "LowerPriority":
-        return False
-    threshold = policy.max_priority_threshold
-    return victim.priority < preemptor.priority and (threshold is None or victim.priority <= threshold)
-
-
 def any_preemption(spec: QueueSpec) -> bool:
     """True when the queue's policy could ever preempt something."""
     p = spec.preemption
     return p.within_cluster_queue != "Never" or p.reclaim_within_cohort != "Never"
+
+
+def may_preempt(spec: QueueSpec, least: Usage, *, fair: bool) -> bool:
+    """Kueue's flavor assigner: a task may preempt only if its request alone fits its queue's nominal
+    quota, unless the queue can preempt while borrowing (``borrowWithinCohort`` set, or fair sharing
+    with ``reclaimWithinCohort`` not Never). ``least`` is the least the task can charge."""
+    if all(least.get(r, 0) <= q.nominal for r, q in spec.quotas.items()):
+        return True
+    p = spec.preemption
+    return p.borrow_within_cohort != "Never" or (fair and p.reclaim_within_cohort != "Never")
+
+
+def borrow_threshold(spec: QueueSpec, task: Task) -> int | None:
+    """Kueue's ``canBorrowWithinCohort``: with ``borrowWithinCohort: LowerPriority``, the priority
+    other queues' victims must be below while the preemptor borrows (its own priority, or
+    maxPriorityThreshold + 1 when that is lower); None when the policy is Never."""
+    policy = spec.preemption
+    if policy.borrow_within_cohort != "LowerPriority":
+        return None
+    threshold = task.priority
+    if policy.max_priority_threshold is not None and policy.max_priority_threshold < threshold:
+        threshold = policy.max_priority_threshold + 1
+    return threshold
+
+
+def under_nominal(quotas: QuotaBook, queue: str) -> bool:
+    """Kueue's ``queueUnderNominalInResourcesNeedingPreemption``: ``queue`` uses less than its
+    nominal quota of every resource it lists (a GPU task needs both)."""
+    spec = quotas.specs[queue]
+    used = quotas.usage.get(queue, {})
+    return all(used.get(r, 0) < q.nominal for r, q in spec.quotas.items())
+
+
+@dataclass(slots=True)
+class _Run:
+    """One node's trial: the candidates taken so far (released), whether borrowing is still allowed."""
+
+    state: NodeState
+    allow_borrowing: bool
+    taken: list[Victim] = field(default_factory=list)
+    placement: Placement | None = None
 
 
 class Planner:
@@ -117,42 +141,52 @@ class Planner:
     def _without(self, victims: list[Victim]) -> Iterator[None]:
         """Temporarily release ``victims`` (GPUs and quota), restoring them on exit."""
         for v in victims:
-            self.cluster.release(v.task.key)
-            self.quotas.charge(v.task.queue, v.usage, -1)
+            self._release(v)
         try:
             yield
         finally:
             for v in reversed(victims):
-                self.cluster.reserve(v.task, v.placement, force=True)
-                self.quotas.charge(v.task.queue, v.usage)
+                self._restore(v)
 
-    def _fits(self, task: Task, state: NodeState, quota: QuotaCheck, victims: list[Victim]) -> Placement | None:
-        if not could_fit_without(state, task, victims):
-            return None  # the node filters would refuse it anyway: skip releasing and re-reserving
-        with self._without(victims):
-            return find_placement(self.cluster, task, self.policy, quota=quota, nodes=[state]).placement
-
-    def plan(
-        self,
-        task: Task,
-        candidates_by_node: dict[str, list[Victim]],
-        quota: QuotaCheck,
-    ) -> Plan | None:
-        """The best single-node plan for ``task`` among ``candidates_by_node``, or None."""
+    def targets(self, task: Task, found: list[Victim], strategies: Sequence[str]) -> Plan | None:
+        """Kueue's ``GetTargets`` (module doc) over ``found`` (from :func:`candidates`, in order)."""
+        if not found:
+            return None
+        spec = self.quotas.specs[task.queue]
+        same = [v for v in found if v.task.queue == task.queue]
+        threshold = borrow_threshold(spec, task)
         with self.cluster.deferred_index():  # trials touch node states only; the index catches up once
-            return self._plan(task, candidates_by_node, quota)
+            if len(same) == len(found):
+                return self._best(task, found, lambda state, on: self._minimal(task, state, on, True, None))
+            if self.quotas.fair_sharing(task.queue):
+                return self._best(task, found, lambda state, on: self._fair(task, state, on, strategies))
+            if threshold is not None:
+                if not under_nominal(self.quotas, task.queue):
+                    found = [v for v in found if v.task.queue == task.queue or v.task.priority < threshold]
+                return self._best(task, found, lambda state, on: self._minimal(task, state, on, True, threshold))
+            if under_nominal(self.quotas, task.queue):
+                plan = self._best(task, found, lambda state, on: self._minimal(task, state, on, False, None))
+                if plan is not None:
+                    return plan
+            return self._best(task, same, lambda state, on: self._minimal(task, state, on, True, None))
 
-    def _plan(self, task: Task, candidates_by_node: dict[str, list[Victim]], quota: QuotaCheck) -> Plan | None:
+    def _best(
+        self, task: Task, found: list[Victim], run: Callable[[NodeState, list[Victim]], _Run | None]
+    ) -> Plan | None:
+        """Run ``run`` on every node holding candidates (each node's in their order); the best plan."""
+        by_node: dict[str, list[Victim]] = {}
+        for victim in found:
+            by_node.setdefault(victim.placement.node, []).append(victim)
         best: tuple[tuple[object, ...], Plan] | None = None
-        for name in sorted(candidates_by_node):
+        for name in sorted(by_node):
             state = self.cluster.node(name)  # type: ignore[arg-type]
-            candidates = sorted(candidates_by_node[name], key=_removal_order)
-            if not candidates or self._fits(task, state, quota, candidates) is None:
+            on_node = by_node[name]
+            if not could_fit_without(state, task, on_node):
+                continue  # the node filters would refuse it even with every candidate gone
+            done = run(state, on_node)
+            if done is None or done.placement is None:
                 continue
-            found = self._minimal(task, state, quota, candidates)
-            if found is None:
-                continue
-            victims, placement = found
+            victims = done.taken
             score = (
                 len(victims),
                 tuple(sorted((v.task.priority for v in victims), reverse=True)),
@@ -160,44 +194,107 @@ class Planner:
                 name,
             )
             if best is None or score < best[0]:
-                best = (score, Plan(placement, tuple(victims)))
+                best = (score, Plan(done.placement, tuple(victims)))
         return None if best is None else best[1]
 
+    # -- Kueue's minimalPreemptions and fillBackWorkloads, on one node -------------------------------
     def _minimal(
-        self, task: Task, state: NodeState, quota: QuotaCheck, ordered: list[Victim]
-    ) -> tuple[list[Victim], Placement] | None:
-        """Remove candidates in order until the task fits, then reprieve those not needed.
+        self, task: Task, state: NodeState, ordered: list[Victim], allow_borrowing: bool, threshold: int | None
+    ) -> _Run | None:
+        """Remove candidates in order until the task fits, then put back those not needed (module doc).
 
-        Returns the victims with the placement found for exactly that set (policies such as
-        random may answer differently on each call, so the placement is never recomputed).
-        The victims taken so far stay released between trials (each trial releases or restores one
-        task, not the whole set) and are all restored before returning.
+        With ``threshold`` (borrowWithinCohort), taking another queue's task at or above it ends
+        borrowing for the rest of the trial. Returns the victims with the placement found for exactly
+        that set (policies such as random may answer differently on each call, so it is never
+        recomputed); every victim is restored before returning.
         """
-        victims: list[Victim] = []
-        placement: Placement | None = None
+        run = _Run(state, allow_borrowing)
         try:
             for candidate in ordered:
-                # (victims are released, so their usage is already off their queues)
-                if candidate.task.queue != task.queue and not borrowing_after(self.quotas, candidate.task.queue, []):
-                    continue  # taking it would push its queue below its nominal quota (Kueue re-checks each one)
-                self._release(candidate)
-                victims.append(candidate)
-                placement = self._fits_released(task, state, quota)
-                if placement is not None:
+                if candidate.task.queue != task.queue:
+                    if not self.quotas.is_borrowing(candidate.task.queue):
+                        continue  # taking it would push its queue below its nominal quota
+                    if threshold is not None and candidate.task.priority >= threshold:
+                        run.allow_borrowing = False
+                self._take(run, candidate)
+                run.placement = self._fits(task, run)
+                if run.placement is not None:
                     break
-            if placement is None:
+            if run.placement is None:
                 return None
-            for candidate in reversed(list(victims)):  # reprieve: highest priority first
-                self._restore(candidate)
-                found = self._fits_released(task, state, quota)
-                if found is not None:
-                    victims, placement = [v for v in victims if v is not candidate], found
-                else:
-                    self._release(candidate)
-            return victims, placement
+            self._fill_back(task, run)
+            return run
         finally:
-            for v in reversed(victims):
+            for v in reversed(run.taken):
                 self._restore(v)
+
+    def _fill_back(self, task: Task, run: _Run) -> None:
+        """Put victims back, newest removal first except the last, while the task still fits."""
+        for candidate in reversed(run.taken[:-1]):
+            self._restore(candidate)
+            found = self._fits(task, run)
+            if found is not None:
+                run.taken.remove(candidate)
+                run.placement = found
+            else:
+                self._release(candidate)
+
+    # -- Kueue's fairPreemptions, on one node ------------------------------------------------------
+    def _fair(self, task: Task, state: NodeState, ordered: list[Victim], strategies: Sequence[str]) -> _Run | None:
+        """Fair-sharing preemption (Kueue's ``fairPreemptions``; KEP-1714 rules S2-a and S2-b).
+
+        Queues holding candidates are visited highest share first. A same-queue candidate is taken
+        as it comes (the preemptor's share is then recomputed). Another queue's candidate is taken
+        when the first strategy holds; that queue is visited again while it still borrows
+        (``borrowWithinCohort`` plays no part: Kueue ignores it under fair sharing). When that is not enough, the second
+        strategy (LessThanInitialShare) takes the first skipped candidate of each queue whose
+        share is still above the preemptor's. Then victims are put back as in the minimal set.
+        """
+        run = _Run(state, True)
+        mine = self._request_on(task, state)
+        try:
+            new_share = self.quotas.share(task.queue, mine)
+            retry: list[Victim] = []
+            heap = _QueueHeap(ordered, self.quotas, first_only=False)
+            while heap and run.placement is None:
+                queue, share, victims = heap.pop()
+                if queue == task.queue:
+                    self._take(run, victims[0])
+                    run.placement = self._fits(task, run)
+                    if run.placement is not None:
+                        break
+                    new_share = self.quotas.share(task.queue, mine)
+                    if victims[1:]:
+                        heap.push(queue, self.quotas.share(queue), victims[1:])
+                    continue
+                for i, victim in enumerate(victims):
+                    after = self.quotas.share(queue, {r: -a for r, a in victim.usage.items()})
+                    if _strategy(strategies[0], new_share, share, after):
+                        self._take(run, victim)
+                        run.placement = self._fits(task, run)
+                        if run.placement is None and victims[i + 1 :] and self.quotas.is_borrowing(queue):
+                            heap.push(queue, after, victims[i + 1 :])
+                        break
+                    retry.append(victim)
+            if run.placement is None and len(strategies) > 1:
+                heap = _QueueHeap(retry, self.quotas, first_only=True)
+                while heap and run.placement is None:
+                    queue, share, victims = heap.pop()
+                    if _strategy(strategies[1], new_share, share, 0):
+                        self._take(run, victims[0])
+                        run.placement = self._fits(task, run)
+            if run.placement is None:
+                return None
+            self._fill_back(task, run)
+            return run
+        finally:
+            for v in reversed(run.taken):
+                self._restore(v)
+
+    # -- trial steps -------------------------------------------------------------------------------
+    def _take(self, run: _Run, victim: Victim) -> None:
+        self._release(victim)
+        run.taken.append(victim)
 
     def _release(self, victim: Victim) -> None:
         self.cluster.release(victim.task.key)
@@ -207,11 +304,71 @@ class Planner:
         self.cluster.reserve(victim.task, victim.placement, force=True)
         self.quotas.charge(victim.task.queue, victim.usage)
 
-    def _fits_released(self, task: Task, state: NodeState, quota: QuotaCheck) -> Placement | None:
-        """Where ``task`` goes on ``state`` as it is now (the trial's victims already released)."""
-        if not could_fit_without(state, task, []):
+    def _fits(self, task: Task, run: _Run) -> Placement | None:
+        """Where ``task`` goes on the run's node as it is now (its victims released), within quota
+        and, unless borrowing is allowed, within its queue's nominal quota."""
+        if not could_fit_without(run.state, task, []):
             return None
-        return find_placement(self.cluster, task, self.policy, quota=quota, nodes=[state]).placement
+        quota = self.quota_check(task, allow_borrowing=run.allow_borrowing)
+        return find_placement(self.cluster, task, self.policy, quota=quota, nodes=[run.state]).placement
+
+    def quota_check(self, task: Task, *, allow_borrowing: bool = True) -> QuotaCheck:
+        """The quota test of a candidate placement of ``task`` (Kueue's ``workloadFits``): the first
+        resource it does not fit, else None."""
+        name = task.queue
+
+        def check(state: NodeState, placement: Placement) -> str | None:
+            usage = usage_of(placement, {g.index: g.memory_mib for g in state.node.gpus})
+            refused = self.quotas.refuses(name, usage)
+            if refused is None and not allow_borrowing:
+                refused = self.quotas.beyond_nominal(name, usage)
+            return refused
+
+        return check
+
+    def _request_on(self, task: Task, state: NodeState) -> Usage:
+        """What ``task`` would charge on ``state``'s largest allowed GPUs (its exact charge on a node
+        of identical GPUs): the request Kueue's fair-sharing shares are computed with."""
+        req = task.request
+        gpus = sorted((g for g in state.node.gpus if req.allows(g.product)), key=lambda g: -g.memory_mib)
+        gpus = gpus[: req.count]
+        milli = sum(-(-req.mib_on(g) * MILLI_PER_GPU // g.memory_mib) if g.memory_mib else MILLI_PER_GPU for g in gpus)
+        return {GPU: milli, GPU_MEMORY: sum(req.mib_on(g) for g in gpus)}
+
+
+def _strategy(name: str, preemptor_new: int, victim_queue_old: int, victim_queue_new: int) -> bool:
+    """Kueue's fair-sharing strategies: LessThanOrEqualToFinalShare (rule S2-a) and
+    LessThanInitialShare (rule S2-b), shares as :meth:`QuotaBook.share` gives them."""
+    if name == "LessThanOrEqualToFinalShare":
+        return preemptor_new <= victim_queue_new
+    return preemptor_new < victim_queue_old
+
+
+class _QueueHeap:
+    """Queues holding candidates, highest share first (ties: the queue whose candidate came first),
+    each with its candidates in order (Kueue's ``cqHeapFromCandidates``)."""
+
+    def __init__(self, victims: Iterable[Victim], quotas: QuotaBook, *, first_only: bool) -> None:
+        self.entries: dict[str, tuple[int, list[Victim]]] = {}
+        self.rank: dict[str, int] = {}
+        for v in victims:
+            queue = v.task.queue
+            if queue not in self.entries:
+                self.rank[queue] = len(self.rank)
+                self.entries[queue] = (quotas.share(queue), [v])
+            elif not first_only:
+                self.entries[queue][1].append(v)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def pop(self) -> tuple[str, int, list[Victim]]:
+        queue = min(self.entries, key=lambda q: (-self.entries[q][0], self.rank[q]))
+        share, victims = self.entries.pop(queue)
+        return queue, share, victims
+
+    def push(self, queue: str, share: int, victims: list[Victim]) -> None:
+        self.entries[queue] = (share, victims)
 
 
 def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bool:
@@ -258,65 +415,66 @@ def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bo
     return usable >= req.count
 
 
-def borrowing_after(quotas: QuotaBook, queue: str, removed: list[Victim]) -> bool:
-    """True when ``queue`` still uses more than its nominal quota of some resource once ``removed`` are gone.
+def _removal_order(victim: Victim, preemptor_queue: str) -> tuple[object, ...]:
+    """Kueue's ``candidatesOrdering``: other queues' tasks first, then lowest priority, then the most
+    recently admitted, then the newest task."""
+    return (
+        victim.task.queue == preemptor_queue,
+        victim.task.priority,
+        -victim.admitted_at,
+        -victim.task.created,
+        victim.task.key,
+    )
 
-    Kueue takes a task of another queue only while that queue borrows, judged again after every victim
-    already chosen (pkg/scheduler/preemption: candidates are re-validated as the plan grows).
-    """
-    spec = quotas.specs.get(queue)
+
+# -- eligibility: who may be preempted ---------------------------------------------------------------
+
+
+def victim_allowed(preemptor: Task, victim: Task, quotas: QuotaBook) -> bool:
+    """Kueue's ``findCandidates`` for one running task (module doc): True when the queues'
+    policies let ``preemptor`` preempt ``victim`` now (another queue's task only while it borrows)."""
+    spec = quotas.specs.get(preemptor.queue)
     if spec is None:
         return False
-    used = dict(quotas.usage.get(queue, {}))
-    for victim in removed:
-        if victim.task.queue == queue:
-            add_usage(used, victim.usage, -1)
-    return any(used.get(r, 0) > q.nominal for r, q in spec.quotas.items())
-
-
-def _removal_order(victim: Victim) -> tuple[object, ...]:
-    """Lowest priority first; among equals the most recently admitted, then the newest task."""
-    return (victim.task.priority, -victim.admitted_at, -victim.task.created, victim.task.key)
-
-
-# -- eligibility: who may be preempted, and whether a plan keeps the queues' rules -------------------
+    policy = spec.preemption
+    if victim.queue == preemptor.queue:
+        if policy.within_cluster_queue == "LowerPriority":
+            return victim.priority < preemptor.priority
+        if policy.within_cluster_queue == "LowerOrNewerEqualPriority":
+            return victim.priority < preemptor.priority or (
+                victim.priority == preemptor.priority
+                and (victim.created, victim.key) > (preemptor.created, preemptor.key)
+            )
+        return False
+    other = quotas.specs.get(victim.queue)
+    if spec.cohort is None or other is None or other.cohort != spec.cohort or not quotas.is_borrowing(victim.queue):
+        return False
+    if policy.reclaim_within_cohort == "Any":
+        return True
+    return policy.reclaim_within_cohort == "LowerPriority" and victim.priority < preemptor.priority
 
 
 def candidates(
     task: Task,
     running: Iterable[Entry] | Callable[[set[str]], Iterable[Entry]],
     quotas: QuotaBook,
-    *,
-    borrowing: bool,
-    least: Usage,
-) -> dict[str, list[Victim]]:
-    """Running tasks the queues' policies let ``task`` preempt, by node name.
+) -> list[Victim]:
+    """Running tasks the queues' policies let ``task`` preempt, in Kueue's order (:func:`_removal_order`).
 
     ``running``: the running entries, or a function giving those of some queues (the ledger's
     ``running_in``), so only the queues whose tasks could be victims are read.
-    ``borrowing`` says whether the preemptor would use more than its nominal quota; ``least``
-    is the least it can charge (for the fair-sharing rule, judged per victim before planning).
     Entries whose quota someone else books (Kueue mode) are never candidates.
     """
-    share_ok = None
-    if quotas.fair_sharing(task.queue):
-        mine_after = quotas.share(task.queue, least)
-
-        def share_ok(victim: Victim) -> bool:
-            return share_allows(quotas, mine_after, victim.task.queue, victim.usage)
-
-    out: dict[str, list[Victim]] = {}
     queues = _victim_queues(task, quotas)
     if not queues:
-        return out
+        return []
+    out = []
     for entry in running(queues) if callable(running) else running:
         if not entry.charged or entry.task.queue not in queues:
             continue
-        victim = Victim(entry.task, entry.placement, entry.usage, entry.admitted_at)
-        other_queue = entry.task.queue != task.queue  # then in ``queues`` only because it borrows now
-        if victim_allowed(task, entry.task, quotas=quotas, borrowing=borrowing, share_ok=share_ok,
-                          victim_entry=victim, victim_borrowing=True if other_queue else None):
-            out.setdefault(entry.placement.node, []).append(victim)
+        if victim_allowed(task, entry.task, quotas):
+            out.append(Victim(entry.task, entry.placement, entry.usage, entry.admitted_at))
+    out.sort(key=lambda v: _removal_order(v, task.queue))
     return out
 
 
@@ -333,34 +491,3 @@ def _victim_queues(task: Task, quotas: QuotaBook) -> set[str]:
         others = (m.name for m in quotas.cohort_members(spec.cohort) if m.name != task.queue)
         out |= {name for name in others if quotas.is_borrowing(name)}
     return out
-
-
-def share_allows(quotas: QuotaBook, mine_after: float, queue: str, freed: Usage) -> bool:
-    """Kueue's fair-sharing rule for taking ``freed`` from ``queue``: the preemptor's share after
-    (``mine_after``) is at most that queue's share after, and below its share before."""
-    after = quotas.share(queue, {r: -a for r, a in freed.items()})
-    return mine_after <= after and mine_after < quotas.share(queue)
-
-
-def borrows_with(task: Task, plan: Plan, quotas: QuotaBook, usage: Usage) -> bool:
-    """Would ``task``'s queue use more than its nominal quota after ``plan`` (``usage`` = the
-    preemptor's charge on the plan's placement), its own victims given back?"""
-    spec = quotas.specs[task.queue]
-    used = dict(quotas.usage.get(task.queue, {}))
-    for victim in plan.victims:
-        if victim.task.queue == task.queue:
-            add_usage(used, victim.usage, -1)
-    return any(used.get(r, 0) + usage.get(r, 0) > q.nominal for r, q in spec.quotas.items())
-
-
-def fair_with(task: Task, plan: Plan, quotas: QuotaBook, usage: Usage) -> bool:
-    """The fair-sharing rule (:func:`share_allows`) checked on the real plan, for every victim queue."""
-    if not quotas.fair_sharing(task.queue):
-        return True
-    freed: dict[str, Usage] = {}
-    for victim in plan.victims:
-        add_usage(freed.setdefault(victim.task.queue, {}), victim.usage)
-    mine = dict(usage)
-    add_usage(mine, freed.get(task.queue, {}), -1)
-    mine_after = quotas.share(task.queue, mine)
-    return all(share_allows(quotas, mine_after, q, u) for q, u in freed.items() if q != task.queue)

@@ -29,6 +29,9 @@ GPU = "nvidia.com/gpu"
 GPU_MEMORY = "gputask.io/gpu-memory"
 RESOURCES = (GPU, GPU_MEMORY)
 
+INFINITE_SHARE = 2**63 - 1
+"""The share of a queue of fair-sharing weight 0 that borrows (Kueue's math.MaxInt)."""
+
 Usage = dict[str, int]
 """Amounts by resource name: milli-GPU for ``nvidia.com/gpu``, MiB for ``gputask.io/gpu-memory``."""
 
@@ -199,13 +202,18 @@ class QuotaBook:
         """True when queue ``name`` uses more than its nominalQuota of some listed resource."""
         return any(amount > 0 for amount in self.borrowed(name).values())
 
-    def would_borrow(self, name: str, usage: Mapping[str, int]) -> bool:
-        """True when adding ``usage`` would take queue ``name`` beyond its nominalQuota."""
+    def beyond_nominal(self, name: str, usage: Mapping[str, int]) -> str | None:
+        """The first resource for which adding ``usage`` takes queue ``name`` beyond its nominal quota
+        (Kueue's ``BorrowingWith``), else None."""
         spec = self.specs.get(name)
         if spec is None:
-            return False
+            return None
         used = self.usage.get(name, {})
-        return any(used.get(r, 0) + usage.get(r, 0) > q.nominal for r, q in spec.quotas.items())
+        for resource in RESOURCES:
+            quota, amount = spec.quotas.get(resource), usage.get(resource, 0)
+            if quota is not None and amount > 0 and used.get(resource, 0) + amount > quota.nominal:
+                return resource
+        return None
 
     def ceiling(self, name: str, resource: str) -> int | None:
         """Most of ``resource`` queue ``name`` could ever use (empty cohort); None = unlimited."""
@@ -224,32 +232,39 @@ class QuotaBook:
             others = min(others, quota.borrowing_limit)
         return quota.nominal + others
 
-    def share(self, name: str, extra: Mapping[str, int] | None = None) -> float:
-        """Weighted dominant resource share of queue ``name`` (Kueue fair sharing).
+    def share(self, name: str, extra: Mapping[str, int] | None = None) -> int:
+        """Weighted dominant resource share of queue ``name`` (Kueue fair sharing), an integer.
 
-        For each listed resource: (usage + ``extra`` - nominal, if positive) divided by what the
-        cohort's queues lend in total; the share is the largest such fraction, times 1000, divided
-        by the queue's ``fairSharing.weight`` (weight 0 gives infinity). Source: Kueue
-        documentation, "Fair Sharing" (dominant resource share).
+        For each listed resource, what the queue uses (plus ``extra``, which may be negative) beyond
+        its nominal quota, times 1000, divided (rounding down) by what the cohort's queues lend in
+        total; the share is the largest such ratio times 1000 divided by the weight in milli
+        (``fairSharing.weight``, default 1); 0 when it borrows nothing; :data:`INFINITE_SHARE` for a
+        queue of weight 0 that borrows. Source: Kueue, pkg/cache ``dominantResourceShare`` (its
+        integer arithmetic, so ties fall as in Kueue) and the "Fair Sharing" documentation.
         """
         spec = self.specs.get(name)
         if spec is None or spec.cohort is None:
-            return 0.0
+            return 0
         used = self.usage.get(name, {})
-        best = 0.0
+        best = -1
         for resource, quota in spec.quotas.items():
             borrowed = used.get(resource, 0) + (extra or {}).get(resource, 0) - quota.nominal
+            if borrowed <= 0:
+                continue
+            best = max(best, 0)
             lendable = sum(
                 m.quotas[resource].nominal - self.guaranteed(m, resource)
                 for m in self.cohort_members(spec.cohort)
                 if resource in m.quotas
             )
-            if borrowed > 0:
-                best = max(best, borrowed / lendable if lendable else float("inf"))
+            if lendable > 0:
+                best = max(best, borrowed * 1000 // lendable)
+        if best < 0:
+            return 0
         weight = spec.fair_sharing_weight_milli if spec.fair_sharing_weight_milli is not None else 1000
         if weight == 0:
-            return float("inf") if best > 0 else 0.0
-        return best * 1000 * 1000 / weight
+            return INFINITE_SHARE
+        return best * 1000 // weight
 
     def fair_sharing(self, name: str) -> bool:
         """True when queue ``name`` is in a cohort whose queues set ``fairSharing``."""

@@ -18,8 +18,10 @@ in :mod:`gputask.core.preemption`. The scheduler ties them together in :meth:`Sc
 
 from __future__ import annotations
 
+import heapq
 import itertools
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState, NodeState
@@ -28,8 +30,15 @@ from gputask.core.health import NodeHealth
 from gputask.core.ledger import Entry, Ledger
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
 from gputask.core.placement import DEFAULT_POLICY, Outcome, Policy, QuotaCheck, find_placement, make_policy
-from gputask.core.preemption import Plan, Planner, any_preemption, borrows_with, candidates, fair_with
-from gputask.core.queues import QueueManager
+from gputask.core.preemption import (
+    DEFAULT_STRATEGIES,
+    Planner,
+    any_preemption,
+    candidates,
+    may_preempt,
+    strategies_of,
+)
+from gputask.core.queues import OrderKey, QueueManager, order_key
 from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 from gputask.core.reasons import (
     PREEMPTING,
@@ -124,9 +133,15 @@ class Scheduler:
     """
 
     def __init__(
-        self, *, policy: Policy | None = None, nodes: Iterable[Node] = (), node_failure_grace_s: float = 60.0
+        self,
+        *,
+        policy: Policy | None = None,
+        nodes: Iterable[Node] = (),
+        node_failure_grace_s: float = 60.0,
+        preemption_strategies: Sequence[str] = DEFAULT_STRATEGIES,
     ) -> None:
         self.policy = policy or make_policy(DEFAULT_POLICY)
+        self.strategies = strategies_of(preemption_strategies)
         self.cluster = ClusterState()
         self.quotas = QuotaBook()
         self.ledger = Ledger(self.cluster, self.quotas)
@@ -407,11 +422,42 @@ class Scheduler:
         return out
 
     def _ordered(self) -> Iterable[Task]:
-        """Pending tasks in order; with fair sharing, queues with the lower share go first."""
-        if not any(s.fair_sharing_weight_milli is not None for s in self.quotas.specs.values()):
+        """Pending tasks in Kueue's order: each queue's own in priority then creation order, and
+        across the queues of cohorts the heads ordered as Kueue's ``entryOrdering``.
+
+        Without cohorts that is the global order of :class:`QueueManager`; with them see
+        :meth:`_merged`.
+        """
+        if not any(s.cohort is not None for s in self.quotas.specs.values()):
             return self.pending
-        shares = {name: self.quotas.share(name) for name in self.quotas.specs}
-        return sorted(self.pending, key=lambda t: shares.get(t.queue, 0.0))  # stable: order within a share
+        return self._merged()
+
+    def _merged(self) -> Iterator[Task]:
+        """Queue heads in Kueue's ``entryOrdering`` (pkg/scheduler): a head that fits its nominal quota
+        before one that must borrow, then (fair sharing) the lower share after admitting the head
+        (``DominantResourceShareWith``), then priority, then creation. A queue's next head is keyed
+        after the previous one was decided (admitting it changes its queue's share), as Kueue's
+        next cycle would. Keys: O(log queues) per task."""
+        by_queue: dict[str, deque[Task]] = {}
+        for task in self.pending:
+            by_queue.setdefault(task.queue, deque()).append(task)
+        heap = [(self._head_key(tasks[0]), name) for name, tasks in by_queue.items()]
+        heapq.heapify(heap)
+        while heap:
+            _, name = heapq.heappop(heap)
+            tasks = by_queue[name]
+            yield tasks.popleft()
+            if tasks:
+                heapq.heappush(heap, (self._head_key(tasks[0]), name))
+
+    def _head_key(self, task: Task) -> tuple[bool, int, OrderKey]:
+        spec = self.quotas.specs.get(task.queue)
+        if spec is None or spec.cohort is None:
+            return (False, 0, order_key(task))
+        least = self._min_usage(task)
+        borrows = self.quotas.beyond_nominal(task.queue, least) is not None
+        share = self.quotas.share(task.queue, least) if self.quotas.fair_sharing(task.queue) else 0
+        return (borrows, share, order_key(task))
 
     def _try(self, task: Task, memo: _CycleMemo, now: float) -> list[Decision]:
         deferred = self.deferred.get(task.key)
@@ -438,7 +484,7 @@ class Scheduler:
         attempt = (shape, task.priority)
         if known.reason is not Reason.INADMISSIBLE and any_preemption(spec) and attempt not in memo.preemption_failed:
             if not self._failed_before(attempt, task):
-                preempted = self._preempt(task, self._quota_check(task), now)
+                preempted = self._preempt(task, now)
                 if preempted:
                     return preempted
                 self._remember_failed(attempt, task)
@@ -503,19 +549,15 @@ class Scheduler:
             self._preemption_failed.clear()
         self._preemption_failed[attempt] = (self._world(), (task.created, task.key))
 
-    def _preempt(self, task: Task, quota: QuotaCheck, now: float) -> list[Decision]:
-        """Plan and start a preemption for ``task``; [] when none helps.
-
-        Reclaim rules apply only when the preemptor stays within its nominal quota. The first
-        plan assumes what the task's smallest possible usage says; if its real placement would
-        borrow after all, the plan is redone under the stricter borrowing rules.
-        """
-        least = self._min_usage(task)
-        borrowing = self.quotas.would_borrow(task.queue, least)
-        plan = self._plan(task, quota, borrowing, least)
-        if plan is not None and not borrowing and self._borrows_with(task, plan):
-            plan = self._plan(task, quota, True, least)
-        if plan is None or not fair_with(task, plan, self.quotas, self.ledger.usage(plan.placement)):
+    def _preempt(self, task: Task, now: float) -> list[Decision]:
+        """Plan and start a preemption for ``task`` (Kueue's ``GetTargets``, see
+        :mod:`gputask.core.preemption`); [] when none helps."""
+        spec = self.quotas.specs[task.queue]
+        if not may_preempt(spec, self._min_usage(task), fair=self.quotas.fair_sharing(task.queue)):
+            return []
+        found = candidates(task, self.ledger.running_in, self.quotas)
+        plan = Planner(self.cluster, self.quotas, self.policy).targets(task, found, self.strategies)
+        if plan is None:
             return []
         victims = [self.ledger.get(v.task.key) for v in plan.victims]
         for victim in plan.victims:
@@ -530,15 +572,6 @@ class Scheduler:
         waiting = ", ".join(sorted(v.task.key for v in plan.victims))
         decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {plan.placement.node}"))
         return decisions
-
-    def _plan(self, task: Task, quota: QuotaCheck, borrowing: bool, least: Usage) -> Plan | None:
-        found = candidates(task, self.ledger.running_in, self.quotas, borrowing=borrowing, least=least)
-        if not found:
-            return None
-        return Planner(self.cluster, self.quotas, self.policy).plan(task, found, quota)
-
-    def _borrows_with(self, task: Task, plan: Plan) -> bool:
-        return borrows_with(task, plan, self.quotas, self.ledger.usage(plan.placement))
 
     def _min_usage(self, task: Task) -> Usage:
         return min_usage(task, self.health.largest_gpu_mib)
