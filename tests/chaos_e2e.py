@@ -172,7 +172,7 @@ class Run:
             "apiVersion": "gputask.io/v1alpha1",
             "kind": "GPUClusterQueue",
             "metadata": {"name": "default"},
-            "spec": {"resources": [{"name": "nvidia.com/gpu", "nominalQuota": f"{quota}m"}]},
+            "spec": {"namespaceSelector": {}, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": f"{quota}m"}]},
         }
         await self.client.create(GPUCLUSTERQUEUES, queue)
 

@@ -98,7 +98,11 @@ class Cluster:
         await self.client.patch(GPUNODES, name, {"status": body["status"]}, status=True)
 
     async def add_queue(self, name: str = "default", **spec: Any) -> None:
-        """Create a GPUClusterQueue."""
+        """Create a GPUClusterQueue. GPUClusterQueues fail closed (no namespaceSelector: no namespace; no
+        GPU resource: nothing admitted), so unless ``spec`` says otherwise the queue is open to every
+        namespace with 1000 GPUs of quota: what tests that are not about quota mean by "a queue"."""
+        spec.setdefault("namespaceSelector", {})
+        spec.setdefault("resources", [{"name": "nvidia.com/gpu", "nominalQuota": 1000}])
         body = {
             "apiVersion": "gputask.io/v1alpha1",
             "kind": "GPUClusterQueue",

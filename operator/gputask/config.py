@@ -19,6 +19,8 @@ Shape (YAML)::
     leaseRenewInterval: 2s          # how often the leader renews, and a standby tries, the Lease
     podStartTimeout: 120s           # an admitted task without a running pod this long is evicted (PodsNotStarting)
     apiConcurrency: 16              # API calls in flight at once (threads and connections; the Lease has its own)
+    fairSharing:
+      preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]  # Kueue's, tried in order
 
 Durations accept seconds as a number or a string with s/m/h suffix.
 """
@@ -53,6 +55,27 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+class FairSharingConfig(BaseModel):
+    """Kueue's Configuration ``fairSharing`` section: how fair-sharing preemption picks victims.
+
+    ``preemptionStrategies``: LessThanOrEqualToFinalShare (rule S2-a), LessThanInitialShare (S2-b),
+    tried in order (Kueue's default is both, in that order); see :mod:`gputask.core.preemption`.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    preemption_strategies: tuple[str, ...] = Field(
+        ("LessThanOrEqualToFinalShare", "LessThanInitialShare"), alias="preemptionStrategies"
+    )
+
+    @model_validator(mode="after")
+    def _known(self) -> FairSharingConfig:
+        from gputask.core.preemption import strategies_of
+
+        strategies_of(self.preemption_strategies)  # raises ValueError with Kueue's rules
+        return self
+
+
 class Config(BaseModel):
     """Validated operator configuration (durations in seconds)."""
 
@@ -75,6 +98,7 @@ class Config(BaseModel):
     lease_renew_s: Duration = Field(2.0, alias="leaseRenewInterval", gt=0)
     pod_start_timeout_s: Duration = Field(120.0, alias="podStartTimeout", gt=0)
     api_concurrency: int = Field(16, alias="apiConcurrency", ge=1, le=256)
+    fair_sharing: FairSharingConfig = Field(default_factory=FairSharingConfig, alias="fairSharing")
 
     @model_validator(mode="after")
     def _renew_within_lease(self) -> Config:

@@ -62,7 +62,8 @@ class Parts:
             ),
             now,
         )
-        inventory.on_queue({"metadata": {"name": "q"}, "spec": {}})
+        open_queue = {"namespaceSelector": {}, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1000}]}
+        inventory.on_queue({"metadata": {"name": "q"}, "spec": open_queue})
 
     def submit(self, name: str, **spec: Any) -> dict[str, Any]:
         """Store a GPUTask and feed it to the controller (as the watch would)."""

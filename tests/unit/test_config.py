@@ -49,6 +49,7 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "leaseRenewInterval": 2.0,
         "podStartTimeout": 120.0,
         "apiConcurrency": 16,
+        "fairSharing": {"preemptionStrategies": ("LessThanOrEqualToFinalShare", "LessThanInitialShare")},
     }
 
 
@@ -81,6 +82,7 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "leaseRenewInterval": 2.0,
         "podStartTimeout": 120.0,
         "apiConcurrency": 16,
+        "fairSharing": {"preemptionStrategies": ("LessThanOrEqualToFinalShare", "LessThanInitialShare")},
     }
 
 
@@ -160,3 +162,18 @@ def test_the_demo_without_its_extra_says_which_extra_to_install() -> None:
         "gputask demo: the API emulator needs the demo extra: pip install 'gputask[demo]'\n",
         "",
     )
+
+
+def test_fair_sharing_preemption_strategies_follow_kueues_rules(tmp_path: Path) -> None:
+    """Kueue's Configuration fairSharing.preemptionStrategies: both by default, either alone, and the
+    second only LessThanInitialShare; anything else is refused with the reason."""
+    assert Config().fair_sharing.preemption_strategies == ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
+    path = tmp_path / "c.yaml"
+    path.write_text("fairSharing: {preemptionStrategies: [LessThanInitialShare]}\n")
+    assert load_config(path).fair_sharing.preemption_strategies == ("LessThanInitialShare",)
+    path.write_text("fairSharing: {preemptionStrategies: [LessThanInitialShare, LessThanOrEqualToFinalShare]}\n")
+    with pytest.raises(ConfigError, match="the second preemption strategy can only be LessThanInitialShare"):
+        load_config(path)
+    path.write_text("fairSharing: {preemptionStrategies: [Fairest]}\n")
+    with pytest.raises(ConfigError, match="preemptionStrategies must be one or two of"):
+        load_config(path)

@@ -198,12 +198,20 @@ def test_a_full_queue_becomes_the_exact_queue_spec() -> None:
         preemption=Preemption("LowerPriority", "Any", "LowerPriority", 100),
         fair_sharing_weight_milli=1500,
         stop_policy="Hold",
+        closed=True,
     )
 
 
-def test_an_empty_queue_spec_gets_kueue_defaults() -> None:
-    """No fields: no cohort, all namespaces, BestEffortFIFO, no quotas (unlimited), never preempt."""
-    assert queue_from_manifest("q", None) == QueueSpec("q")
+def test_an_empty_queue_spec_gets_kueue_defaults_and_fails_closed() -> None:
+    """No fields: no cohort, BestEffortFIFO, never preempt; as in Kueue, no namespaceSelector selects no
+    namespace and a queue listing no GPU resource admits nothing. A scenario queue is open instead."""
+    spec = queue_from_manifest("q", None)
+    assert spec == QueueSpec("q", namespace_selector=None, closed=True)
+    assert spec.uncovered() == (
+        "GPUClusterQueue 'q' covers no GPU resource: list nvidia.com/gpu or gputask.io/gpu-memory in spec.resources"
+    )
+    assert queue_from_manifest("q", {"namespaceSelector": {}}).namespace_selector == LabelSelector()
+    assert queue_from_manifest("q", None, open_defaults=True) == QueueSpec("q")
 
 
 @pytest.mark.parametrize(

@@ -504,3 +504,26 @@ def test_with_fair_sharing_the_queue_with_the_lower_share_after_admission_goes_f
     s = scheduler([node("a", 24, 24, 24, 24)], [*fair, lender], tasks)
     admitted = [d.task.key for d in s.cycle(0.0) if isinstance(d, Admit)]
     assert admitted == ["ns/a0", "ns/b0", "ns/a1", "ns/b1"]
+
+
+def test_a_queue_read_from_a_manifest_fails_closed() -> None:
+    """Kueue's rules: a GPUClusterQueue without namespaceSelector admits no namespace, and one that lists
+    no GPU resource admits nothing; each task waits saying which (a scenario queue stays open)."""
+    no_selector = QueueSpec("nosel", quotas={GPU: ResourceQuota(1000)}, namespace_selector=None, closed=True)
+    uncovered = QueueSpec("bare", closed=True)
+    a, b = task("a", queue="nosel"), task("b", queue="bare")
+    s = scheduler([node("n", 24)], [no_selector, uncovered], [a, b])
+    assert s.cycle(0.0) == [
+        Pending(
+            a,
+            "NamespaceNotAllowed",
+            "GPUClusterQueue 'nosel' has no namespaceSelector, so it admits no namespace "
+            "(namespaceSelector: {} admits all)",
+        ),
+        Pending(
+            b,
+            "Inadmissible",
+            "GPUClusterQueue 'bare' covers no GPU resource: list nvidia.com/gpu or gputask.io/gpu-memory "
+            "in spec.resources",
+        ),
+    ]

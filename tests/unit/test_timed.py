@@ -15,12 +15,13 @@ HEADER = (
 
 
 def trace(tmp_path: Path) -> Path:
-    """One node with one GPU; a long BE pod, then an LS pod and a small BE pod that both wait."""
+    """One node with one GPU; a long BE pod, then an LS pod and a short BE pod that both wait. Both QoS
+    queues then borrow (each pod is a whole GPU, more than either queue's nominal share)."""
     (tmp_path / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,1,T4\n")
     (tmp_path / "pods.csv").write_text(
         HEADER
         + "be-long,1000,1024,1,1000,,BE,Running,0,100,0\n"
-        + "be-small,1000,1024,1,500,,BE,Running,10,60,10\n"
+        + "be-small,1000,1024,1,1000,,BE,Running,10,60,10\n"
         + "ls,1000,1024,1,1000,,LS,Running,20,70,20\n"
         + "cpu-only,1000,1024,0,0,,BE,Running,0,10,0\n"
         + "never-ran,1000,1024,1,1000,,LS,Pending,5,,\n"
@@ -41,7 +42,8 @@ def test_fifo_waits_in_arrival_order(tmp_path: Path) -> None:
 
 
 def test_gputask_admits_the_higher_priority_class_first(tmp_path: Path) -> None:
-    """QoS queues: when be-long leaves, LS (priority 1000) goes before the older BE pod, unlike FIFO."""
+    """QoS queues: when be-long leaves, LS (priority 1000) goes before the older BE pod, unlike FIFO (both
+    heads borrow, so Kueue's order across the cohort falls to priority)."""
     result = replay_timed(trace(tmp_path), "pods.csv", mode="gputask", policy="bestfit")
     assert (sorted(result.delays_s), result.makespan_s, result.unadmitted, result.preemptions) == (
         [0.0, 80.0, 140.0],

@@ -97,4 +97,6 @@ leaseRenewDeadline: {{ toYaml $c.leaseRenewDeadline }}
 leaseRenewInterval: {{ toYaml $c.leaseRenewInterval }}
 podStartTimeout: {{ toYaml $c.podStartTimeout }}
 apiConcurrency: {{ toYaml $c.apiConcurrency }}
+fairSharing:
+  preemptionStrategies: {{ toJson $c.fairSharing.preemptionStrategies }}
 {{- end }}

@@ -83,16 +83,31 @@ class Preemption:
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
-    """A GPUClusterQueue as the core sees it (quantities already converted)."""
+    """A GPUClusterQueue as the core sees it (quantities already converted).
+
+    ``namespace_selector`` None selects no namespace (Kueue: a ClusterQueue without
+    namespaceSelector admits nothing; ``{}`` admits every namespace). ``closed`` (every queue read
+    from a GPUClusterQueue manifest) fails closed as Kueue does: a queue that lists neither GPU
+    resource (``nvidia.com/gpu``, ``gputask.io/gpu-memory``) admits nothing. Both measure the same
+    devices, so listing one of them is covering the task's request; the other, unlisted, is not
+    limited.
+    """
 
     name: str
     cohort: str | None = None
-    namespace_selector: LabelSelector = field(default_factory=LabelSelector)
+    namespace_selector: LabelSelector | None = field(default_factory=LabelSelector)
     strategy: QueueingStrategy = "BestEffortFIFO"
     quotas: Mapping[str, ResourceQuota] = field(default_factory=dict)
     preemption: Preemption = field(default_factory=Preemption)
     fair_sharing_weight_milli: int | None = None
     stop_policy: StopPolicy = "None"
+    closed: bool = False
+
+    def uncovered(self) -> str | None:
+        """Why the queue can admit no task because it covers no GPU resource, else None."""
+        if not self.closed or any(r in self.quotas for r in RESOURCES):
+            return None
+        return f"GPUClusterQueue {self.name!r} covers no GPU resource: list {GPU} or {GPU_MEMORY} in spec.resources"
 
 
 def usage_of(placement: Placement, memory_of: Mapping[int, int]) -> Usage:

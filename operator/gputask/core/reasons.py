@@ -80,6 +80,12 @@ def need_text(task: Task) -> str:
 
 def namespace_refusal(task: Task, spec: QueueSpec) -> Wait | None:
     """NamespaceNotAllowed when the queue's namespaceSelector does not select the task's namespace."""
+    if spec.namespace_selector is None:
+        return Wait(
+            NAMESPACE_NOT_ALLOWED,
+            f"GPUClusterQueue {spec.name!r} has no namespaceSelector, so it admits no namespace "
+            "(namespaceSelector: {} admits all)",
+        )
     if spec.namespace_selector.matches(dict(task.namespace_labels)):
         return None
     return Wait(NAMESPACE_NOT_ALLOWED, f"namespace {task.namespace!r} is not selected by GPUClusterQueue {spec.name!r}")

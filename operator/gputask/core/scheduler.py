@@ -502,6 +502,9 @@ class Scheduler:
             return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r} does not exist")
         if spec.stop_policy != "None":
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
+        uncovered = spec.uncovered()
+        if uncovered is not None:
+            return Pending(task, Reason.INADMISSIBLE, uncovered)
         where = (task.queue, task.namespace_labels)
         if where not in memo.namespaces:
             memo.namespaces[where] = namespace_refusal(task, spec)

@@ -129,7 +129,9 @@ class Controller:
     def reset(self) -> None:
         """Forget everything but the configuration and the foreign-pod index (before a rebuild)."""
         self.scheduler = Scheduler(
-            policy=make_policy(self.config.policy), node_failure_grace_s=self.config.node_failure_grace_period_s
+            policy=make_policy(self.config.policy),
+            node_failure_grace_s=self.config.node_failure_grace_period_s,
+            preemption_strategies=self.config.fair_sharing.preemption_strategies,
         )
         self.inventory = Inventory(self.scheduler, self.config, self.foreign)
         self.tasks: dict[TaskKey, TaskRecord] = {}

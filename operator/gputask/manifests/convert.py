@@ -251,8 +251,14 @@ def _choice(parent: Mapping[str, Any], key: str, allowed: tuple[str, ...], prefi
     return str(value)
 
 
-def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
-    """Core QueueSpec of a GPUClusterQueue's name and spec; raises InvalidQueueError."""
+def queue_from_manifest(name: str, spec: Mapping[str, Any] | None, *, open_defaults: bool = False) -> QueueSpec:
+    """Core QueueSpec of a GPUClusterQueue's name and spec; raises InvalidQueueError.
+
+    As Kueue, a manifest fails closed: no ``namespaceSelector`` admits no namespace and a queue
+    listing no GPU resource admits nothing (:class:`~gputask.core.quota.QueueSpec`).
+    ``open_defaults`` (scenario files, which have no namespaces to select) reads an absent
+    selector as ``{}`` and unlisted resources as unlimited.
+    """
     spec = spec or {}
     if not isinstance(spec, Mapping):
         raise InvalidQueueError(f"spec must be an object, got {spec!r}")
@@ -293,6 +299,7 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
     strategy = spec.get("queueingStrategy", "BestEffortFIFO")
     if strategy not in get_args(QueueingStrategy):
         raise InvalidQueueError(f"queueingStrategy {strategy!r}: use BestEffortFIFO or StrictFIFO")
+    selector = spec.get("namespaceSelector")
     fair = spec.get("fairSharing")
     weight = None
     if isinstance(fair, Mapping):
@@ -307,12 +314,13 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None) -> QueueSpec:
     return QueueSpec(
         name=name,
         cohort=cohort or None,
-        namespace_selector=_selector(spec.get("namespaceSelector")),
+        namespace_selector=None if selector is None and not open_defaults else _selector(selector),
         strategy=strategy,
         quotas=quotas,
         preemption=Preemption(within, reclaim, borrow_policy, threshold),
         fair_sharing_weight_milli=weight,
         stop_policy=stop_policy,
+        closed=not open_defaults,
     )
 
 

@@ -418,11 +418,13 @@ def updated(
 
 
 def core_queues(scenario: Scenario) -> list[QueueSpec]:
-    """Core QueueSpecs of the scenario, converted exactly as the operator converts them."""
+    """Core QueueSpecs of the scenario, converted as the operator converts them, except that a scenario
+    queue is open by default (no namespaceSelector: every namespace; no GPU resource: unlimited), as
+    scenarios have no namespaces to select and the shared samples list no quota."""
     specs = []
     for i, entry in enumerate(scenario.queues):
         try:
-            specs.append(queue_from_manifest(entry.name, entry.spec))
+            specs.append(queue_from_manifest(entry.name, entry.spec, open_defaults=True))
         except InvalidQueueError as exc:
             raise ScenarioError(f"queues[{i}] ({entry.name}).spec: {exc}") from None
         # manifests.convert lets other errors through on some malformed specs (e.g. `preemption: x`,

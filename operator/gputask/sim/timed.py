@@ -110,7 +110,8 @@ def read_timed_pods(trace_dir: Path, pods_file: str, *, speedup: float = 1.0, lo
 
 
 def queues_for(pods: list[TimedPod], total_milli: int) -> list[QueueSpec]:
-    """One queue per QoS, nominal quota proportional to its GPU demand, all in one cohort."""
+    """One queue per QoS, nominal quota proportional to its GPU demand (milli-GPU, rounded so that the
+    quotas add up to ``total_milli``), all in one cohort."""
     demand: dict[str, int] = {}
     for p in pods:
         demand[p.task.queue] = demand.get(p.task.queue, 0) + p.task.request.count * (
@@ -118,9 +119,12 @@ def queues_for(pods: list[TimedPod], total_milli: int) -> list[QueueSpec]:
         )
     whole = sum(demand.values()) or 1
     policy = Preemption("Never", "LowerPriority")
+    names = sorted(demand)
+    shares = {name: total_milli * demand[name] // whole for name in names}
+    for name in names[: total_milli - sum(shares.values()) if demand else 0]:  # rounding: the quotas sum to the total
+        shares[name] += 1
     return [
-        QueueSpec(name, cohort="trace", quotas={GPU: ResourceQuota(total_milli * d // whole)}, preemption=policy)
-        for name, d in sorted(demand.items())
+        QueueSpec(name, cohort="trace", quotas={GPU: ResourceQuota(shares[name])}, preemption=policy) for name in names
     ]
 
 
