@@ -229,3 +229,46 @@ async def test_restart_between_job_create_and_status_patch_adopts_the_job(cluste
 async def _reason(cluster: Cluster, name: str) -> str | None:
     found = condition(await status_of(cluster, name), "Admitted")
     return found[1] if found else None
+
+
+async def test_a_queue_with_admitted_tasks_is_deleted_only_once_they_finish(cluster: Cluster) -> None:
+    """As Kueue's resource-in-use finalizer: every queue carries gputask.io/queue-in-use; deleting one with
+    an admitted task leaves it Terminating (its pending tasks wait, saying so) until that task finishes."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("running", gpuMemory="12Gi"))
+        await eventually(lambda: _has_job(cluster, "running-1"))
+
+        async def finalized() -> list[str] | None:
+            meta = (await cluster.client.get(GPUCLUSTERQUEUES, "default"))["metadata"]
+            return meta.get("finalizers") or None
+
+        assert await eventually(finalized) == ["gputask.io/queue-in-use"]
+        await cluster.client.delete(GPUCLUSTERQUEUES, "default")
+        await cluster.submit(gputask("late", gpuMemory="4Gi"))
+
+        async def waits() -> tuple[str, str, str] | None:
+            found = condition(await status_of(cluster, "late"), "Admitted")
+            return found if found is not None and found[1] == "QueueInactive" else None
+
+        assert await eventually(waits) == (
+            "False",
+            "QueueInactive",
+            "GPUClusterQueue 'default' is inactive: it is being deleted, and waits for its admitted tasks "
+            "to finish (its finalizer stays until then) (position 0 in GPUClusterQueue 'default')",
+        )
+        terminating = await cluster.client.get(GPUCLUSTERQUEUES, "default")
+        assert terminating["metadata"].get("deletionTimestamp")
+        complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+        await cluster.client.patch(JOBS, "running-1", complete, "default", status=True)
+
+        async def gone() -> bool | None:
+            try:
+                await cluster.client.get(GPUCLUSTERQUEUES, "default")
+            except NotFound:
+                return True
+            return None
+
+        assert await eventually(gone)
+        assert (await status_of(cluster, "running"))["phase"] == "Succeeded"

@@ -22,8 +22,19 @@ from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, GPUNODES, JOBS, AlreadyExists, ApiError, Fenced, NotFound
+from gputask.k8s.client import (
+    EVENTS,
+    GPUCLUSTERQUEUES,
+    GPUNODES,
+    JOBS,
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Fenced,
+    NotFound,
+)
 from gputask.k8s.controller import Controller, JobRecord, Report
+from gputask.k8s.inventory import QUEUE_FINALIZER
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe
 from gputask.k8s.writer import Writer, now_rfc3339
@@ -65,6 +76,7 @@ class Executor:
         self.metrics = metrics or writer.metrics
         self.deletions: dict[str, Deletion] = {}  # Job key -> deletion to retry
         self._queue_reports: dict[str, dict[str, Any]] = {}
+        self._finalizer_writes: dict[str, str] = {}  # GPUClusterQueue -> resourceVersion its finalizers were patched at
         self._limit = asyncio.Semaphore(concurrency)
 
     def reset(self) -> None:
@@ -329,6 +341,32 @@ class Executor:
             if errors:
                 involved = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUNode", "name": name}
                 await self.writer.event(involved, "Warning", "GPUNodeRefused", message)
+
+    async def keep_queue_finalizers(self) -> None:
+        """Kueue's resource-in-use finalizer: every GPUClusterQueue carries :data:`QUEUE_FINALIZER`; one
+        being deleted keeps it until none of its tasks is admitted (running or nominated), then it goes.
+        Patched with the resourceVersion last seen (a 409 is retried after the next watch event)."""
+        inventory = self.controller.inventory
+        admitted = {e.task.queue for e in self.controller.scheduler.running.values()}
+        admitted |= {e.task.queue for e in self.controller.scheduler.nominated.values()}
+        for name, meta in sorted(inventory.queue_meta.items()):
+            has = QUEUE_FINALIZER in meta.finalizers
+            if not meta.terminating and not has:
+                finalizers = [*meta.finalizers, QUEUE_FINALIZER]
+            elif meta.terminating and has and name not in admitted:
+                finalizers = [f for f in meta.finalizers if f != QUEUE_FINALIZER]
+            else:
+                continue
+            if self._finalizer_writes.get(name) == meta.resource_version:
+                continue  # written for this version already: wait for the watch to show it
+            patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta.resource_version}}
+            try:
+                await self.writer.patch(GPUCLUSTERQUEUES, name, patch)
+            except ApiError as exc:
+                if not isinstance(exc, (Fenced, NotFound, Conflict)):
+                    log.warning("finalizer patch of GPUClusterQueue %s failed: %s", name, exc)
+                continue
+            self._finalizer_writes[name] = meta.resource_version
 
     async def report_queues(self) -> None:
         """Patch each GPUClusterQueue's status when its counts or usage changed since the last write."""

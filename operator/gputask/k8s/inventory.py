@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gputask.config import Config
@@ -88,6 +88,8 @@ class Inventory:
         self.gpunodes: dict[str, Mapping[str, Any]] = {}
         self.stale: set[str] = set()
         self.queue_errors: dict[str, str] = {}
+        # GPUClusterQueues as last seen: finalizers, resourceVersion, whether being deleted (finalizer upkeep)
+        self.queue_meta: dict[str, QueueMeta] = {}
         self.gpunode_errors: dict[str, list[str]] = {}
         self.to_report: set[str] = set()  # GPUNodes whose refused entries changed: condition and Event to write
         self.gpunode_missing: dict[str, float] = {}  # Node name -> when its GPUNode was seen gone
@@ -290,6 +292,15 @@ class Inventory:
         if deleted:
             self.scheduler.remove_queue(name)
             self.queue_errors.pop(name, None)
+            self.queue_meta.pop(name, None)
+            return
+        meta = _mapping(obj.get("metadata"))
+        terminating = bool(meta.get("deletionTimestamp"))
+        finalizers = tuple(str(f) for f in meta.get("finalizers") or ())
+        self.queue_meta[name] = QueueMeta(finalizers, str(meta.get("resourceVersion") or ""), terminating)
+        if terminating:  # Kueue: a ClusterQueue being deleted admits nothing new; its admitted work runs on
+            self.queue_errors.pop(name, None)
+            self.scheduler.remove_queue(name, invalid=TERMINATING)
             return
         try:
             spec = convert.queue_from_manifest(name, obj.get("spec"))
@@ -299,6 +310,20 @@ class Inventory:
             return
         self.queue_errors.pop(name, None)
         self.scheduler.set_queue(spec)
+
+
+TERMINATING = "it is being deleted, and waits for its admitted tasks to finish (its finalizer stays until then)"
+QUEUE_FINALIZER = "gputask.io/queue-in-use"
+"""Kept on every GPUClusterQueue while it has admitted tasks (Kueue's ``kueue.x-k8s.io/resource-in-use``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMeta:
+    """What finalizer upkeep needs of a GPUClusterQueue: its finalizers, resourceVersion, deletion."""
+
+    finalizers: tuple[str, ...]
+    resource_version: str
+    terminating: bool
 
 
 def _track_value(into: dict[str, int], obj: Mapping[str, Any], deleted: bool) -> None:

@@ -70,6 +70,7 @@ class SchedulingLoop:
             await executor.publish(controller.take_reports())
             await executor.retry_deletions()
             await executor.transitions.retry()
+            await executor.keep_queue_finalizers()
             await executor.report_queues()
             await executor.report_gpunodes()
             executor.metrics.refresh(controller.scheduler)

@@ -106,6 +106,7 @@ OPERATOR: tuple[Rule, ...] = (
         "(OwnerReferencesPermissionEnforcement, e.g. OpenShift, checks it)",
     ),
     rule(GPUCLUSTERQUEUES, "patch", sub="status", why="usage, pending and admitted counts of each queue"),
+    rule(GPUCLUSTERQUEUES, "patch", why="the queue-in-use finalizer: no queue deleted under its admitted tasks"),
     rule(GPUNODES, "patch", sub="status", why="the Accepted condition: which GPU entries of the report it refused"),
     rule(JOBS, "create", "delete", why="one pinned Job per admission; deleted on eviction, preemption, task deletion"),
     rule(JOBS, "get", why="after a 409 on create: check the existing Job was made for this task (its uid)"),
