@@ -55,6 +55,11 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _default_if_empty(value: Any) -> Any:
+    """Kueue's defaulting: an empty or null preemptionStrategies means both, in order."""
+    return ("LessThanOrEqualToFinalShare", "LessThanInitialShare") if value is None or value == [] else value
+
+
 class FairSharingConfig(BaseModel):
     """Kueue's Configuration ``fairSharing`` section: how fair-sharing preemption picks victims.
 
@@ -64,7 +69,7 @@ class FairSharingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
-    preemption_strategies: tuple[str, ...] = Field(
+    preemption_strategies: Annotated[tuple[str, ...], BeforeValidator(_default_if_empty)] = Field(
         ("LessThanOrEqualToFinalShare", "LessThanInitialShare"), alias="preemptionStrategies"
     )
 

@@ -174,6 +174,8 @@ def test_fair_sharing_preemption_strategies_follow_kueues_rules(tmp_path: Path) 
     path.write_text("fairSharing: {preemptionStrategies: [LessThanInitialShare, LessThanOrEqualToFinalShare]}\n")
     with pytest.raises(ConfigError, match="the second preemption strategy can only be LessThanInitialShare"):
         load_config(path)
+    path.write_text("fairSharing: {preemptionStrategies: []}\n")  # Kueue defaults an empty list
+    assert load_config(path).fair_sharing == Config().fair_sharing
     path.write_text("fairSharing: {preemptionStrategies: [Fairest]}\n")
     with pytest.raises(ConfigError, match="preemptionStrategies must be one or two of"):
         load_config(path)

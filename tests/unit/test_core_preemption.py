@@ -399,3 +399,31 @@ def test_fair_sharing_counts_the_preemptors_own_victims_and_tries_the_strategies
     )
     s.submit(task("incoming", queue="a", count=4))
     assert _preempted(s.cycle(1.0)) == ["ns/a1_low", "ns/b1"]
+
+
+def test_lower_or_newer_equal_priority_never_preempts_a_task_created_at_the_same_time() -> None:
+    """Kueue takes an equal-priority task only if the preemptor was created strictly before it; with
+    timestamps of one second, equal creation times are common and must not let two tasks evict each other."""
+    s = Scheduler(nodes=[node("a", 24)])
+    s.set_queue(cq(gpus=1, within="LowerOrNewerEqualPriority"))
+    running(s, task("b-victim", created=5.0))
+    s.submit(task("a-preemptor", created=5.0))
+    assert _preempted(s.cycle(10.0)) == []
+
+
+def test_reclaim_counts_borrowing_only_in_the_resources_that_need_preemption() -> None:
+    """Kueue's cqIsBorrowing over the resources needing preemption: a asks for a GPU (its memory fits);
+    b borrows only gpu-memory, so it is not a reclaim target; c borrows a GPU and loses its task."""
+
+    def two(name: str, gpus: int, mem_gib: int) -> QueueSpec:
+        quotas = {GPU: ResourceQuota(gpus * 1000), "gputask.io/gpu-memory": ResourceQuota(mem_gib * 1024)}
+        preemption = Preemption("Never", "Any" if name == "a" else "Never")
+        return QueueSpec(name, cohort="c", quotas=quotas, preemption=preemption)
+
+    s = Scheduler(nodes=[node("n", 16, 16, 16, 16)])
+    for spec in (two("a", 2, 64), two("b", 2, 16), two("c", 0, 64)):
+        s.set_queue(spec)
+    running(s, task("a0", queue="a", priority=5), task("c1", queue="c", priority=5))
+    running(s, task("b1", queue="b", created=1), task("b2", queue="b", created=1), at=1.0)
+    s.submit(task("a1", queue="a", priority=1, created=3))
+    assert _preempted(s.cycle(10.0)) == ["ns/c1"]

@@ -6,7 +6,7 @@ case by case in ``tests/unit/test_kueue_parity.py``.
 
 Who may be preempted (``findCandidates``):
 - same queue: ``withinClusterQueue`` LowerPriority (strictly lower priority) or
-  LowerOrNewerEqualPriority (lower, or equal and created later);
+  LowerOrNewerEqualPriority (lower, or equal and created strictly later);
 - other queues of the cohort that borrow now (use more than nominalQuota): ``reclaimWithinCohort``
   Any (any priority) or LowerPriority (lower only).
 Candidates are ordered: other queues' tasks first, then lower priority, then most recently
@@ -111,12 +111,25 @@ def borrow_threshold(spec: QueueSpec, task: Task) -> int | None:
     return threshold
 
 
-def under_nominal(quotas: QuotaBook, queue: str) -> bool:
+def needing_preemption(quotas: QuotaBook, task: Task, least: Usage) -> tuple[str, ...]:
+    """Kueue's resources needing preemption: those of the queue's listed resources that ``least`` (the
+    least the task charges) does not fit now; all of them when quota fits and only the placement
+    does not (gputask preempts for room on a node too, where Kueue would admit)."""
+    spec = quotas.specs[task.queue]
+    short = []
+    for resource in spec.quotas:
+        free = quotas.available(task.queue, resource)
+        if free is not None and least.get(resource, 0) > free:
+            short.append(resource)
+    return tuple(short) if short else tuple(spec.quotas)
+
+
+def under_nominal(quotas: QuotaBook, queue: str, resources: Iterable[str]) -> bool:
     """Kueue's ``queueUnderNominalInResourcesNeedingPreemption``: ``queue`` uses less than its
-    nominal quota of every resource it lists (a GPU task needs both)."""
+    nominal quota of every resource of ``resources`` it lists."""
     spec = quotas.specs[queue]
     used = quotas.usage.get(queue, {})
-    return all(used.get(r, 0) < q.nominal for r, q in spec.quotas.items())
+    return all(used.get(r, 0) < spec.quotas[r].nominal for r in resources if r in spec.quotas)
 
 
 @dataclass(slots=True)
@@ -136,6 +149,7 @@ class Planner:
         self.cluster = cluster
         self.quotas = quotas
         self.policy = policy
+        self.needing: tuple[str, ...] | None = None  # resources needing preemption (None: all listed)
 
     @contextmanager
     def _without(self, victims: list[Victim]) -> Iterator[None]:
@@ -148,10 +162,14 @@ class Planner:
             for v in reversed(victims):
                 self._restore(v)
 
-    def targets(self, task: Task, found: list[Victim], strategies: Sequence[str]) -> Plan | None:
-        """Kueue's ``GetTargets`` (module doc) over ``found`` (from :func:`candidates`, in order)."""
+    def targets(
+        self, task: Task, found: list[Victim], strategies: Sequence[str], resources: Sequence[str]
+    ) -> Plan | None:
+        """Kueue's ``GetTargets`` (module doc) over ``found`` (from :func:`candidates`, in order);
+        ``resources``: those needing preemption (:func:`needing_preemption`)."""
         if not found:
             return None
+        self.needing = tuple(resources)
         spec = self.quotas.specs[task.queue]
         same = [v for v in found if v.task.queue == task.queue]
         threshold = borrow_threshold(spec, task)
@@ -161,10 +179,10 @@ class Planner:
             if self.quotas.fair_sharing(task.queue):
                 return self._best(task, found, lambda state, on: self._fair(task, state, on, strategies))
             if threshold is not None:
-                if not under_nominal(self.quotas, task.queue):
+                if not under_nominal(self.quotas, task.queue, resources):
                     found = [v for v in found if v.task.queue == task.queue or v.task.priority < threshold]
                 return self._best(task, found, lambda state, on: self._minimal(task, state, on, True, threshold))
-            if under_nominal(self.quotas, task.queue):
+            if under_nominal(self.quotas, task.queue, resources):
                 plan = self._best(task, found, lambda state, on: self._minimal(task, state, on, False, None))
                 if plan is not None:
                     return plan
@@ -212,7 +230,7 @@ class Planner:
         try:
             for candidate in ordered:
                 if candidate.task.queue != task.queue:
-                    if not self.quotas.is_borrowing(candidate.task.queue):
+                    if not self.quotas.is_borrowing(candidate.task.queue, self.needing):
                         continue  # taking it would push its queue below its nominal quota
                     if threshold is not None and candidate.task.priority >= threshold:
                         run.allow_borrowing = False
@@ -272,7 +290,7 @@ class Planner:
                     if _strategy(strategies[0], new_share, share, after):
                         self._take(run, victim)
                         run.placement = self._fits(task, run)
-                        if run.placement is None and victims[i + 1 :] and self.quotas.is_borrowing(queue):
+                        if run.placement is None and victims[i + 1 :] and self.quotas.is_borrowing(queue, self.needing):
                             heap.push(queue, after, victims[i + 1 :])
                         break
                     retry.append(victim)
@@ -430,7 +448,7 @@ def _removal_order(victim: Victim, preemptor_queue: str) -> tuple[object, ...]:
 # -- eligibility: who may be preempted ---------------------------------------------------------------
 
 
-def victim_allowed(preemptor: Task, victim: Task, quotas: QuotaBook) -> bool:
+def victim_allowed(preemptor: Task, victim: Task, quotas: QuotaBook, resources: Sequence[str] | None = None) -> bool:
     """Kueue's ``findCandidates`` for one running task (module doc): True when the queues'
     policies let ``preemptor`` preempt ``victim`` now (another queue's task only while it borrows)."""
     spec = quotas.specs.get(preemptor.queue)
@@ -442,12 +460,13 @@ def victim_allowed(preemptor: Task, victim: Task, quotas: QuotaBook) -> bool:
             return victim.priority < preemptor.priority
         if policy.within_cluster_queue == "LowerOrNewerEqualPriority":
             return victim.priority < preemptor.priority or (
-                victim.priority == preemptor.priority
-                and (victim.created, victim.key) > (preemptor.created, preemptor.key)
-            )
+                victim.priority == preemptor.priority and victim.created > preemptor.created
+            )  # strictly newer (Kueue: preemptorTS.Before(candidateTS)); equal times never preempt
         return False
     other = quotas.specs.get(victim.queue)
-    if spec.cohort is None or other is None or other.cohort != spec.cohort or not quotas.is_borrowing(victim.queue):
+    if spec.cohort is None or other is None or other.cohort != spec.cohort:
+        return False
+    if not quotas.is_borrowing(victim.queue, resources):
         return False
     if policy.reclaim_within_cohort == "Any":
         return True
@@ -458,27 +477,29 @@ def candidates(
     task: Task,
     running: Iterable[Entry] | Callable[[set[str]], Iterable[Entry]],
     quotas: QuotaBook,
+    resources: Sequence[str] | None = None,
 ) -> list[Victim]:
-    """Running tasks the queues' policies let ``task`` preempt, in Kueue's order (:func:`_removal_order`).
+    """Running tasks the queues' policies let ``task`` preempt, in Kueue's order (:func:`_removal_order`);
+    another queue's only while it borrows some of ``resources`` (those needing preemption; None: any).
 
     ``running``: the running entries, or a function giving those of some queues (the ledger's
     ``running_in``), so only the queues whose tasks could be victims are read.
     Entries whose quota someone else books (Kueue mode) are never candidates.
     """
-    queues = _victim_queues(task, quotas)
+    queues = _victim_queues(task, quotas, resources)
     if not queues:
         return []
     out = []
     for entry in running(queues) if callable(running) else running:
         if not entry.charged or entry.task.queue not in queues:
             continue
-        if victim_allowed(task, entry.task, quotas):
+        if victim_allowed(task, entry.task, quotas, resources):
             out.append(Victim(entry.task, entry.placement, entry.usage, entry.admitted_at))
     out.sort(key=lambda v: _removal_order(v, task.queue))
     return out
 
 
-def _victim_queues(task: Task, quotas: QuotaBook) -> set[str]:
+def _victim_queues(task: Task, quotas: QuotaBook, resources: Sequence[str] | None = None) -> set[str]:
     """Queues whose tasks :func:`victim_allowed` could let ``task`` preempt at all: its own (unless
     ``withinClusterQueue: Never``), and the other queues of its cohort that borrow now (unless
     ``reclaimWithinCohort: Never``). A necessary condition, so candidates need not test every entry."""
@@ -489,5 +510,5 @@ def _victim_queues(task: Task, quotas: QuotaBook) -> set[str]:
     out = {task.queue} if policy.within_cluster_queue != "Never" else set()
     if spec.cohort is not None and policy.reclaim_within_cohort != "Never":
         others = (m.name for m in quotas.cohort_members(spec.cohort) if m.name != task.queue)
-        out |= {name for name in others if quotas.is_borrowing(name)}
+        out |= {name for name in others if quotas.is_borrowing(name, resources)}
     return out

@@ -213,9 +213,11 @@ class QuotaBook:
             return {}
         return {r: max(0, used.get(r, 0) - q.nominal) for r, q in spec.quotas.items()}
 
-    def is_borrowing(self, name: str) -> bool:
-        """True when queue ``name`` uses more than its nominalQuota of some listed resource."""
-        return any(amount > 0 for amount in self.borrowed(name).values())
+    def is_borrowing(self, name: str, resources: Iterable[str] | None = None) -> bool:
+        """True when queue ``name`` uses more than its nominalQuota of some listed resource (of
+        ``resources`` only, when given: Kueue's ``cqIsBorrowing`` over the resources needing preemption)."""
+        borrowed = self.borrowed(name)
+        return any(borrowed.get(r, 0) > 0 for r in (borrowed if resources is None else resources))
 
     def beyond_nominal(self, name: str, usage: Mapping[str, int]) -> str | None:
         """The first resource for which adding ``usage`` takes queue ``name`` beyond its nominal quota

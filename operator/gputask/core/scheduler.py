@@ -36,6 +36,7 @@ from gputask.core.preemption import (
     any_preemption,
     candidates,
     may_preempt,
+    needing_preemption,
     strategies_of,
 )
 from gputask.core.queues import OrderKey, QueueManager, order_key
@@ -555,11 +556,12 @@ class Scheduler:
     def _preempt(self, task: Task, now: float) -> list[Decision]:
         """Plan and start a preemption for ``task`` (Kueue's ``GetTargets``, see
         :mod:`gputask.core.preemption`); [] when none helps."""
-        spec = self.quotas.specs[task.queue]
-        if not may_preempt(spec, self._min_usage(task), fair=self.quotas.fair_sharing(task.queue)):
+        spec, least = self.quotas.specs[task.queue], self._min_usage(task)
+        if not may_preempt(spec, least, fair=self.quotas.fair_sharing(task.queue)):
             return []
-        found = candidates(task, self.ledger.running_in, self.quotas)
-        plan = Planner(self.cluster, self.quotas, self.policy).targets(task, found, self.strategies)
+        needing = needing_preemption(self.quotas, task, least)
+        found = candidates(task, self.ledger.running_in, self.quotas, needing)
+        plan = Planner(self.cluster, self.quotas, self.policy).targets(task, found, self.strategies, needing)
         if plan is None:
             return []
         victims = [self.ledger.get(v.task.key) for v in plan.victims]
