@@ -123,7 +123,7 @@ class Config(BaseModel):
 
     def public(self) -> dict[str, Any]:
         """The configuration as printed in outputs (aliases, seconds)."""
-        return self.model_dump(by_alias=True)
+        return self.model_dump(by_alias=True, mode="json")
 
 
 class ConfigError(Exception):
