@@ -175,23 +175,28 @@ class Planner:
         threshold = borrow_threshold(spec, task)
         with self.cluster.deferred_index():  # trials touch node states only; the index catches up once
             if len(same) == len(found):
-                return self._best(task, found, lambda state, on: self._minimal(task, state, on, True, None))
+                return self._best(task, found, True, lambda run, on: self._minimal(task, run, on, None))
             if self.quotas.fair_sharing(task.queue):
-                return self._best(task, found, lambda state, on: self._fair(task, state, on, strategies))
+                return self._best(task, found, True, lambda run, on: self._fair(task, run, on, strategies))
             if threshold is not None:
                 if not under_nominal(self.quotas, task.queue, resources):
                     found = [v for v in found if v.task.queue == task.queue or v.task.priority < threshold]
-                return self._best(task, found, lambda state, on: self._minimal(task, state, on, True, threshold))
+                return self._best(task, found, True, lambda run, on: self._minimal(task, run, on, threshold))
             if under_nominal(self.quotas, task.queue, resources):
-                plan = self._best(task, found, lambda state, on: self._minimal(task, state, on, False, None))
+                plan = self._best(task, found, False, lambda run, on: self._minimal(task, run, on, None))
                 if plan is not None:
                     return plan
-            return self._best(task, same, lambda state, on: self._minimal(task, state, on, True, None))
+            return self._best(task, same, True, lambda run, on: self._minimal(task, run, on, None))
 
     def _best(
-        self, task: Task, found: list[Victim], run: Callable[[NodeState, list[Victim]], _Run | None]
+        self, task: Task, found: list[Victim], allow_borrowing: bool, search: Callable[[_Run, list[Victim]], None]
     ) -> Plan | None:
-        """Run ``run`` on every node holding candidates (each node's in their order); the best plan."""
+        """On every node holding candidates, ``search`` takes candidates (that node's, in order) until the
+        task fits, the victims not needed are put back, and every victim is restored; the best plan.
+
+        A plan keeps the placement found for exactly its victims (policies such as random may answer
+        differently on each call, so it is never recomputed).
+        """
         by_node: dict[str, list[Victim]] = {}
         for victim in found:
             by_node.setdefault(victim.placement.node, []).append(victim)
@@ -201,10 +206,17 @@ class Planner:
             on_node = by_node[name]
             if not could_fit_without(state, task, on_node):
                 continue  # the node filters would refuse it even with every candidate gone
-            done = run(state, on_node)
-            if done is None or done.placement is None:
+            run = _Run(state, allow_borrowing)
+            try:
+                search(run, on_node)
+                if run.placement is not None:
+                    self._fill_back(task, run)
+                victims, placement = list(run.taken), run.placement
+            finally:
+                for v in reversed(run.taken):
+                    self._restore(v)
+            if placement is None:
                 continue
-            victims = done.taken
             score = (
                 len(victims),
                 tuple(sorted((v.task.priority for v in victims), reverse=True)),
@@ -212,39 +224,26 @@ class Planner:
                 name,
             )
             if best is None or score < best[0]:
-                best = (score, Plan(done.placement, tuple(victims)))
+                best = (score, Plan(placement, tuple(victims)))
         return None if best is None else best[1]
 
     # -- Kueue's minimalPreemptions and fillBackWorkloads, on one node -------------------------------
-    def _minimal(
-        self, task: Task, state: NodeState, ordered: list[Victim], allow_borrowing: bool, threshold: int | None
-    ) -> _Run | None:
-        """Remove candidates in order until the task fits, then put back those not needed (module doc).
+    def _minimal(self, task: Task, run: _Run, ordered: list[Victim], threshold: int | None) -> None:
+        """Take candidates in order until the task fits (Kueue's ``minimalPreemptions``, module doc).
 
         With ``threshold`` (borrowWithinCohort), taking another queue's task at or above it ends
-        borrowing for the rest of the trial. Returns the victims with the placement found for exactly
-        that set (policies such as random may answer differently on each call, so it is never
-        recomputed); every victim is restored before returning.
+        borrowing for the rest of the trial.
         """
-        run = _Run(state, allow_borrowing)
-        try:
-            for candidate in ordered:
-                if candidate.task.queue != task.queue:
-                    if not self.quotas.is_borrowing(candidate.task.queue, self.needing):
-                        continue  # taking it would push its queue below its nominal quota
-                    if threshold is not None and candidate.task.priority >= threshold:
-                        run.allow_borrowing = False
-                self._take(run, candidate)
-                run.placement = self._fits(task, run)
-                if run.placement is not None:
-                    break
-            if run.placement is None:
-                return None
-            self._fill_back(task, run)
-            return run
-        finally:
-            for v in reversed(run.taken):
-                self._restore(v)
+        for candidate in ordered:
+            if candidate.task.queue != task.queue:
+                if not self.quotas.is_borrowing(candidate.task.queue, self.needing):
+                    continue  # taking it would push its queue below its nominal quota
+                if threshold is not None and candidate.task.priority >= threshold:
+                    run.allow_borrowing = False
+            self._take(run, candidate)
+            run.placement = self._fits(task, run)
+            if run.placement is not None:
+                return
 
     def _fill_back(self, task: Task, run: _Run) -> None:
         """Put victims back, newest removal first except the last, while the task still fits."""
@@ -258,56 +257,47 @@ class Planner:
                 self._release(candidate)
 
     # -- Kueue's fairPreemptions, on one node ------------------------------------------------------
-    def _fair(self, task: Task, state: NodeState, ordered: list[Victim], strategies: Sequence[str]) -> _Run | None:
+    def _fair(self, task: Task, run: _Run, ordered: list[Victim], strategies: Sequence[str]) -> None:
         """Fair-sharing preemption (Kueue's ``fairPreemptions``; KEP-1714 rules S2-a and S2-b).
 
         Queues holding candidates are visited highest share first. A same-queue candidate is taken
         as it comes (the preemptor's share is then recomputed). Another queue's candidate is taken
         when the first strategy holds; that queue is visited again while it still borrows
-        (``borrowWithinCohort`` plays no part: Kueue ignores it under fair sharing). When that is not enough, the second
-        strategy (LessThanInitialShare) takes the first skipped candidate of each queue whose
-        share is still above the preemptor's. Then victims are put back as in the minimal set.
+        (``borrowWithinCohort`` plays no part: Kueue ignores it under fair sharing). When that is not
+        enough, the second strategy (LessThanInitialShare) takes the first skipped candidate of each
+        queue whose share is still above the preemptor's.
         """
-        run = _Run(state, True)
-        mine = self._request_on(task, state)
-        try:
-            new_share = self.quotas.share(task.queue, mine)
-            retry: list[Victim] = []
-            heap = _QueueHeap(ordered, self.quotas, first_only=False)
+        mine = self._request_on(task, run.state)
+        new_share = self.quotas.share(task.queue, mine)
+        retry: list[Victim] = []
+        heap = _QueueHeap(ordered, self.quotas, first_only=False)
+        while heap and run.placement is None:
+            queue, share, victims = heap.pop()
+            if queue == task.queue:
+                self._take(run, victims[0])
+                run.placement = self._fits(task, run)
+                if run.placement is not None:
+                    break
+                new_share = self.quotas.share(task.queue, mine)
+                if victims[1:]:
+                    heap.push(queue, self.quotas.share(queue), victims[1:])
+                continue
+            for i, victim in enumerate(victims):
+                after = self.quotas.share(queue, {r: -a for r, a in victim.usage.items()})
+                if _strategy(strategies[0], new_share, share, after):
+                    self._take(run, victim)
+                    run.placement = self._fits(task, run)
+                    if run.placement is None and victims[i + 1 :] and self.quotas.is_borrowing(queue, self.needing):
+                        heap.push(queue, after, victims[i + 1 :])
+                    break
+                retry.append(victim)
+        if run.placement is None and len(strategies) > 1:
+            heap = _QueueHeap(retry, self.quotas, first_only=True)
             while heap and run.placement is None:
                 queue, share, victims = heap.pop()
-                if queue == task.queue:
+                if _strategy(strategies[1], new_share, share, 0):
                     self._take(run, victims[0])
                     run.placement = self._fits(task, run)
-                    if run.placement is not None:
-                        break
-                    new_share = self.quotas.share(task.queue, mine)
-                    if victims[1:]:
-                        heap.push(queue, self.quotas.share(queue), victims[1:])
-                    continue
-                for i, victim in enumerate(victims):
-                    after = self.quotas.share(queue, {r: -a for r, a in victim.usage.items()})
-                    if _strategy(strategies[0], new_share, share, after):
-                        self._take(run, victim)
-                        run.placement = self._fits(task, run)
-                        if run.placement is None and victims[i + 1 :] and self.quotas.is_borrowing(queue, self.needing):
-                            heap.push(queue, after, victims[i + 1 :])
-                        break
-                    retry.append(victim)
-            if run.placement is None and len(strategies) > 1:
-                heap = _QueueHeap(retry, self.quotas, first_only=True)
-                while heap and run.placement is None:
-                    queue, share, victims = heap.pop()
-                    if _strategy(strategies[1], new_share, share, 0):
-                        self._take(run, victims[0])
-                        run.placement = self._fits(task, run)
-            if run.placement is None:
-                return None
-            self._fill_back(task, run)
-            return run
-        finally:
-            for v in reversed(run.taken):
-                self._restore(v)
 
     # -- trial steps -------------------------------------------------------------------------------
     def _take(self, run: _Run, victim: Victim) -> None:
