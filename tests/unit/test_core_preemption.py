@@ -427,3 +427,18 @@ def test_reclaim_counts_borrowing_only_in_the_resources_that_need_preemption() -
     running(s, task("b1", queue="b", created=1), task("b2", queue="b", created=1), at=1.0)
     s.submit(task("a1", queue="a", priority=1, created=3))
     assert _preempted(s.cycle(10.0)) == ["ns/c1"]
+
+
+def test_fair_sharing_does_not_preempt_between_queues_whose_shares_only_round_equal() -> None:
+    """Shares are precise (Kueue's current float form): a 1Gi task against a 1000-GPU cohort moves a
+    share by far less than one per mille, so per-mille integers made qa's share with one more task
+    equal to qb's with one fewer, and qa preempted qb's task, which could then preempt back."""
+    fair = dict(cohort="org", reclaim="Any", weight=1000)
+    s = Scheduler(nodes=[node("n", 24)])
+    for spec in (cq("qa", gpus=0, **fair), cq("qb", gpus=0, **fair), cq("qc", gpus=1000, **fair)):
+        s.set_queue(spec)
+    for i in range(12):
+        a, b = task(f"a{i}", queue="qa", memory_gib=1, created=i), task(f"b{i}", queue="qb", memory_gib=1, created=i)
+        running(s, a, b)
+    s.submit(task("a-more", queue="qa", memory_gib=1, created=20))
+    assert _preempted(s.cycle(30.0)) == []

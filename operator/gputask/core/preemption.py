@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.fit import static_refusal
 from gputask.core.ledger import Entry
-from gputask.core.model import MILLI_PER_GPU, Placement, Task
+from gputask.core.model import GpuSlot, Placement, Task
 from gputask.core.placement import Policy, QuotaCheck, find_placement
-from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook, Usage, usage_of
+from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 
 STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
 DEFAULT_STRATEGIES = STRATEGIES
@@ -339,12 +339,11 @@ class Planner:
         of identical GPUs): the request Kueue's fair-sharing shares are computed with."""
         req = task.request
         gpus = sorted((g for g in state.node.gpus if req.allows(g.product)), key=lambda g: -g.memory_mib)
-        gpus = gpus[: req.count]
-        milli = sum(-(-req.mib_on(g) * MILLI_PER_GPU // g.memory_mib) if g.memory_mib else MILLI_PER_GPU for g in gpus)
-        return {GPU: milli, GPU_MEMORY: sum(req.mib_on(g) for g in gpus)}
+        slots = tuple(GpuSlot(g.index, g.uuid, req.mib_on(g)) for g in gpus[: req.count])
+        return usage_of(Placement(state.name, slots), {g.index: g.memory_mib for g in gpus})
 
 
-def _strategy(name: str, preemptor_new: int, victim_queue_old: int, victim_queue_new: int) -> bool:
+def _strategy(name: str, preemptor_new: float, victim_queue_old: float, victim_queue_new: float) -> bool:
     """Kueue's fair-sharing strategies: LessThanOrEqualToFinalShare (rule S2-a) and
     LessThanInitialShare (rule S2-b), shares as :meth:`QuotaBook.share` gives them."""
     if name == "LessThanOrEqualToFinalShare":
@@ -357,7 +356,7 @@ class _QueueHeap:
     each with its candidates in order (Kueue's ``cqHeapFromCandidates``)."""
 
     def __init__(self, victims: Iterable[Victim], quotas: QuotaBook, *, first_only: bool) -> None:
-        self.entries: dict[str, tuple[int, list[Victim]]] = {}
+        self.entries: dict[str, tuple[float, list[Victim]]] = {}
         self.rank: dict[str, int] = {}
         for v in victims:
             queue = v.task.queue
@@ -370,12 +369,12 @@ class _QueueHeap:
     def __bool__(self) -> bool:
         return bool(self.entries)
 
-    def pop(self) -> tuple[str, int, list[Victim]]:
+    def pop(self) -> tuple[str, float, list[Victim]]:
         queue = min(self.entries, key=lambda q: (-self.entries[q][0], self.rank[q]))
         share, victims = self.entries.pop(queue)
         return queue, share, victims
 
-    def push(self, queue: str, share: int, victims: list[Victim]) -> None:
+    def push(self, queue: str, share: float, victims: list[Victim]) -> None:
         self.entries[queue] = (share, victims)
 
 

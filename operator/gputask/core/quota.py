@@ -29,7 +29,7 @@ GPU = "nvidia.com/gpu"
 GPU_MEMORY = "gputask.io/gpu-memory"
 RESOURCES = (GPU, GPU_MEMORY)
 
-INFINITE_SHARE = 2**63 - 1
+INFINITE_SHARE = float("inf")
 """The share of a queue of fair-sharing weight 0 that borrows (Kueue's math.MaxInt)."""
 
 Usage = dict[str, int]
@@ -136,23 +136,49 @@ class QuotaBook:
         self.specs: dict[str, QueueSpec] = {}
         self.usage: dict[str, Usage] = {}
         self.specs_version = 0  # changes whenever a spec is set or removed
+        self._members: dict[str, list[QueueSpec]] | None = None  # by cohort; None: rebuild (specs changed)
+        self._lendable_cache: dict[tuple[str, str], int] = {}
+        self._fair_cache: dict[str, bool] = {}
 
     def set_queue(self, spec: QueueSpec) -> None:
         """Add or replace a queue's spec, keeping its usage."""
         self.specs[spec.name] = spec
         self.usage.setdefault(spec.name, {})
-        self.specs_version += 1
+        self._specs_changed()
 
     def remove_queue(self, name: str) -> None:
         """Forget a queue's spec (usage stays, so running work is still counted)."""
         self.specs.pop(name, None)
+        self._specs_changed()
+
+    def _specs_changed(self) -> None:
         self.specs_version += 1
+        self._members = None
+        self._lendable_cache.clear()
+        self._fair_cache.clear()
 
     def cohort_members(self, cohort: str | None) -> Iterable[QueueSpec]:
-        """Queues of ``cohort`` (none for a queue without a cohort)."""
+        """Queues of ``cohort`` (none for a queue without a cohort); kept until a spec changes, as the
+        quota checks of every placement and every fair-share key read it."""
         if cohort is None:
             return ()
-        return [s for s in self.specs.values() if s.cohort == cohort]
+        if self._members is None:
+            self._members = {}
+            for spec in self.specs.values():
+                if spec.cohort is not None:
+                    self._members.setdefault(spec.cohort, []).append(spec)
+        return self._members.get(cohort, ())
+
+    def _lendable(self, cohort: str, resource: str) -> int:
+        """What the queues of ``cohort`` lend of ``resource`` in total (nominal, or lendingLimit)."""
+        key = (cohort, resource)
+        if key not in self._lendable_cache:
+            self._lendable_cache[key] = sum(
+                m.quotas[resource].nominal - self.guaranteed(m, resource)
+                for m in self.cohort_members(cohort)
+                if resource in m.quotas
+            )
+        return self._lendable_cache[key]
 
     def guaranteed(self, spec: QueueSpec, resource: str) -> int:
         """Quota of ``resource`` that ``spec`` keeps to itself: nominal minus lendingLimit (0 if unset)."""
@@ -249,43 +275,44 @@ class QuotaBook:
             others = min(others, quota.borrowing_limit)
         return quota.nominal + others
 
-    def share(self, name: str, extra: Mapping[str, int] | None = None) -> int:
-        """Weighted dominant resource share of queue ``name`` (Kueue fair sharing), an integer.
+    def share(self, name: str, extra: Mapping[str, int] | None = None) -> float:
+        """Weighted dominant resource share of queue ``name`` (Kueue fair sharing).
 
         For each listed resource, what the queue uses (plus ``extra``, which may be negative) beyond
-        its nominal quota, times 1000, divided (rounding down) by what the cohort's queues lend in
-        total; the share is the largest such ratio times 1000 divided by the weight in milli
-        (``fairSharing.weight``, default 1); 0 when it borrows nothing; :data:`INFINITE_SHARE` for a
-        queue of weight 0 that borrows. Source: Kueue, pkg/cache ``dominantResourceShare`` (its
-        integer arithmetic, so ties fall as in Kueue) and the "Fair Sharing" documentation.
+        its nominal quota, times 1000, divided by what the cohort's queues lend in total; the share is
+        the largest such ratio times 1000 divided by the weight in milli (``fairSharing.weight``,
+        default 1); 0 when it borrows nothing; infinity for a queue of weight 0 that borrows.
+        Source: Kueue, pkg/cache ``dominantResourceShare`` in its precise form (float ratios, as
+        Kueue's current releases compute it: per-mille integers make a task small against the
+        cohort change no share, so two queues could preempt each other back and forth) and the
+        "Fair Sharing" documentation.
         """
         spec = self.specs.get(name)
         if spec is None or spec.cohort is None:
-            return 0
+            return 0.0
         used = self.usage.get(name, {})
-        best = -1
+        best = -1.0
         for resource, quota in spec.quotas.items():
             borrowed = used.get(resource, 0) + (extra or {}).get(resource, 0) - quota.nominal
             if borrowed <= 0:
                 continue
-            best = max(best, 0)
-            lendable = sum(
-                m.quotas[resource].nominal - self.guaranteed(m, resource)
-                for m in self.cohort_members(spec.cohort)
-                if resource in m.quotas
-            )
+            best = max(best, 0.0)
+            lendable = self._lendable(spec.cohort, resource)
             if lendable > 0:
-                best = max(best, borrowed * 1000 // lendable)
+                best = max(best, borrowed * 1000 / lendable)
         if best < 0:
-            return 0
+            return 0.0
         weight = spec.fair_sharing_weight_milli if spec.fair_sharing_weight_milli is not None else 1000
         if weight == 0:
             return INFINITE_SHARE
-        return best * 1000 // weight
+        return best * 1000 / weight
 
     def fair_sharing(self, name: str) -> bool:
         """True when queue ``name`` is in a cohort whose queues set ``fairSharing``."""
         spec = self.specs.get(name)
         if spec is None or spec.cohort is None:
             return False
-        return any(m.fair_sharing_weight_milli is not None for m in self.cohort_members(spec.cohort))
+        if spec.cohort not in self._fair_cache:
+            members = self.cohort_members(spec.cohort)
+            self._fair_cache[spec.cohort] = any(m.fair_sharing_weight_milli is not None for m in members)
+        return self._fair_cache[spec.cohort]

@@ -451,13 +451,13 @@ class Scheduler:
             if tasks:
                 heapq.heappush(heap, (self._head_key(tasks[0]), name))
 
-    def _head_key(self, task: Task) -> tuple[bool, int, OrderKey]:
+    def _head_key(self, task: Task) -> tuple[bool, float, OrderKey]:
         spec = self.quotas.specs.get(task.queue)
         if spec is None or spec.cohort is None:
-            return (False, 0, order_key(task))
+            return (False, 0.0, order_key(task))
         least = self._min_usage(task)
         borrows = self.quotas.beyond_nominal(task.queue, least) is not None
-        share = self.quotas.share(task.queue, least) if self.quotas.fair_sharing(task.queue) else 0
+        share = self.quotas.share(task.queue, least) if self.quotas.fair_sharing(task.queue) else 0.0
         return (borrows, share, order_key(task))
 
     def _try(self, task: Task, memo: _CycleMemo, now: float) -> list[Decision]:
