@@ -19,6 +19,7 @@ from gputask.k8s import executor as executor_module
 from gputask.k8s.client import (
     ADMISSIONCHECKS,
     EVENTS,
+    GPUCLUSTERQUEUES,
     GPUNODES,
     GPUTASKS,
     JOBS,
@@ -368,3 +369,20 @@ async def test_the_lease_is_renewed_while_a_long_cycle_runs() -> None:
     campaign.cancel()
     assert renewed >= 4, renewed
     assert lease_client.all(LEASES, "ns")[0]["spec"]["holderIdentity"] == "me"
+
+
+async def test_a_queue_finalizer_patch_refused_as_stale_is_not_retried_until_a_newer_version_is_seen() -> None:
+    """The queue-in-use finalizer is patched with the resourceVersion last seen: a 409 (the queue changed
+    since) is not retried on every loop pass, only once the watch shows the newer version; then it lands."""
+    parts = Parts()
+    stored = parts.client.put(GPUCLUSTERQUEUES, {"metadata": {"name": "q"}, "spec": {"namespaceSelector": {}}})
+    stale = {**stored, "metadata": {**stored["metadata"], "resourceVersion": "0"}}
+    inventory = parts.controller.inventory
+    inventory.on_queue(stale)
+    await parts.executor.keep_queue_finalizers()
+    await parts.executor.keep_queue_finalizers()
+    assert parts.client.writes() == [("patch", "gpuclusterqueues", "q")]  # one try, refused with 409
+    inventory.on_queue(stored)  # the watch's newer version
+    await parts.executor.keep_queue_finalizers()
+    finalizers = (await parts.client.get(GPUCLUSTERQUEUES, "q"))["metadata"].get("finalizers")
+    assert (len(parts.client.writes()), finalizers) == (2, ["gputask.io/queue-in-use"])

@@ -345,7 +345,8 @@ class Executor:
     async def keep_queue_finalizers(self) -> None:
         """Kueue's resource-in-use finalizer: every GPUClusterQueue carries :data:`QUEUE_FINALIZER`; one
         being deleted keeps it until none of its tasks is admitted (running or nominated), then it goes.
-        Patched with the resourceVersion last seen (a 409 is retried after the next watch event)."""
+        Patched with the resourceVersion last seen; a version is written at most once (after a 409 the
+        next try waits for the watch to bring a newer one)."""
         inventory = self.controller.inventory
         admitted = {e.task.queue for e in self.controller.scheduler.running.values()}
         admitted |= {e.task.queue for e in self.controller.scheduler.nominated.values()}
@@ -362,10 +363,12 @@ class Executor:
             patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta.resource_version}}
             try:
                 await self.writer.patch(GPUCLUSTERQUEUES, name, patch)
+            except Conflict:
+                pass  # that version is stale: the watch brings the newer one, and the next pass tries it
             except ApiError as exc:
-                if not isinstance(exc, (Fenced, NotFound, Conflict)):
+                if not isinstance(exc, (Fenced, NotFound)):
                     log.warning("finalizer patch of GPUClusterQueue %s failed: %s", name, exc)
-                continue
+                continue  # tried again at the next loop pass (the cycle interval paces it)
             self._finalizer_writes[name] = meta.resource_version
 
     async def report_queues(self) -> None:
