@@ -172,6 +172,11 @@ async def test_status_write_retries_from_fresh_state_on_conflict(cluster: Cluste
     async with running_operator(cluster, FAST) as op:
         await cluster.submit(gputask("t"))
         await eventually(lambda: _has_job(cluster, "t-1"))
+
+        async def admitted() -> bool | None:  # the loop's own Admitted write is done: no second writer races
+            return (await status_of(cluster, "t")).get("jobName") == "t-1" or None
+
+        await eventually(admitted)
         record = op.controller.tasks["default/t"]  # type: ignore[index]
         stale = dict(record.obj["metadata"], resourceVersion="1")
         record.obj = {**record.obj, "metadata": stale}
