@@ -57,12 +57,16 @@ def task(name: str, *, queue: str, priority: str | None = None) -> dict[str, Any
     }
 
 
-def queue(name: str, *, gpus: int, preemption: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A GPUClusterQueue open to all namespaces with ``gpus`` GPUs of nominal quota."""
+def queue(name: str, *, gpus: int, preemption: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A GPUClusterQueue open to all namespaces with ``gpus`` GPUs of nominal quota, and the GPULocalQueue of
+    the same name in the test namespace that tasks name."""
     spec: dict[str, Any] = {"namespaceSelector": {}, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}
     if preemption:
         spec["preemption"] = preemption
-    return {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUClusterQueue", "metadata": {"name": name}, "spec": spec}
+    local = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPULocalQueue",
+             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"clusterQueue": name}}
+    return [{"apiVersion": "gputask.io/v1alpha1", "kind": "GPUClusterQueue", "metadata": {"name": name}, "spec": spec},
+            local]
 
 
 def priority_class(name: str, value: int) -> dict[str, Any]:
@@ -137,7 +141,7 @@ def placement_checks(cluster: Kube, obj: dict[str, Any], gpus: dict[str, set[str
 
 def test_reapplying_examples_server_side_changes_nothing(cluster: Kube) -> None:
     """Re-applying the queues server-side, as a GitOps tool does, succeeds and changes no spec."""
-    queues = [o for o in example_objects() if o["kind"] == "GPUClusterQueue"]
+    queues = [o for o in example_objects() if o["kind"] == "GPUClusterQueue"]  # (LocalQueues: namespaced)
     cluster.apply(queues)
     before = {q["metadata"]["name"]: cluster.get("gpuclusterqueue", q["metadata"]["name"]) for q in queues}
     cluster.apply(queues)
@@ -151,7 +155,7 @@ def test_high_priority_task_preempts_a_lower_one_in_a_full_queue(cluster: Kube, 
     setup = [
         priority_class("gputask-e2e-low", 100),
         priority_class("gputask-e2e-high", 1000),
-        queue("e2e-preempt", gpus=1, preemption={"withinClusterQueue": "LowerPriority"}),
+        *queue("e2e-preempt", gpus=1, preemption={"withinClusterQueue": "LowerPriority"}),
     ]
     low, high = (
         task("e2e-low", queue="e2e-preempt", priority="gputask-e2e-low"),
@@ -192,7 +196,7 @@ def test_high_priority_task_preempts_a_lower_one_in_a_full_queue(cluster: Kube, 
 
 def test_task_on_a_stopped_node_is_evicted_and_readmitted_elsewhere(cluster: Kube, namespace: str) -> None:
     """Stopping a task's worker evicts it (NodeFailure) after the 20 s grace; attempt 2 runs on the other worker."""
-    setup, victim = [queue("e2e-resched", gpus=4)], task("e2e-resched", queue="e2e-resched")
+    setup, victim = queue("e2e-resched", gpus=4), task("e2e-resched", queue="e2e-resched")
     cluster.apply(setup)
     cluster.apply([victim])
     try:

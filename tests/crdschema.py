@@ -153,12 +153,21 @@ def cel_problems(schema: Schema) -> list[str]:
 CEL = celpy.Environment()
 
 
-def rule_failures(node: Schema, value: Any) -> list[str]:
-    """Messages of the CEL rules of ``node`` that ``value`` (the value at that node) breaks."""
+def rule_failures(node: Schema, value: Any, old: Any = None) -> list[str]:
+    """Messages of the CEL rules of ``node`` that ``value`` (the value at that node) breaks.
+
+    ``old`` is the value before an update: with it, transition rules (those naming ``oldSelf``) are
+    evaluated too; without it (a create) the API server skips them, and so does this.
+    """
     failures = []
     for rule in node.get("x-kubernetes-validations") or []:
+        if "oldSelf" in rule["rule"] and old is None:
+            continue
         program = CEL.program(CEL.compile(rule["rule"]))
-        result = program.evaluate({"self": celpy.json_to_cel(value)})
+        bound = {"self": celpy.json_to_cel(value)}
+        if old is not None:
+            bound["oldSelf"] = celpy.json_to_cel(old)
+        result = program.evaluate(bound)
         if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
             failures.append(rule.get("message") or rule["rule"])
     return failures

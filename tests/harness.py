@@ -17,6 +17,7 @@ from gputask.config import Config
 from gputask.k8s.client import (
     EVENTS,
     GPUCLUSTERQUEUES,
+    GPULOCALQUEUES,
     GPUNODES,
     GPUTASKS,
     NODES,
@@ -97,10 +98,11 @@ class Cluster:
         await self.client.create(GPUNODES, {k: v for k, v in body.items() if k != "status"})
         await self.client.patch(GPUNODES, name, {"status": body["status"]}, status=True)
 
-    async def add_queue(self, name: str = "default", **spec: Any) -> None:
-        """Create a GPUClusterQueue. GPUClusterQueues fail closed (no namespaceSelector: no namespace; no
-        GPU resource: nothing admitted), so unless ``spec`` says otherwise the queue is open to every
-        namespace with 1000 GPUs of quota: what tests that are not about quota mean by "a queue"."""
+    async def add_queue(self, name: str = "default", *, local_in: tuple[str, ...] = ("default",), **spec: Any) -> None:
+        """Create a GPUClusterQueue, and a GPULocalQueue of the same name pointing at it in each namespace of
+        ``local_in`` (tasks name LocalQueues). GPUClusterQueues fail closed (no namespaceSelector: no
+        namespace; no GPU resource: nothing admitted), so unless ``spec`` says otherwise the queue is open
+        to every namespace with 1000 GPUs of quota: what tests that are not about quota mean by "a queue"."""
         spec.setdefault("namespaceSelector", {})
         spec.setdefault("resources", [{"name": "nvidia.com/gpu", "nominalQuota": 1000}])
         body = {
@@ -110,6 +112,18 @@ class Cluster:
             "spec": spec,
         }
         await self.client.create(GPUCLUSTERQUEUES, body)
+        for namespace in local_in:
+            await self.add_local_queue(name, namespace, name)
+
+    async def add_local_queue(self, name: str, namespace: str, cluster_queue: str) -> dict[str, Any]:
+        """Create a GPULocalQueue ``namespace/name`` pointing at GPUClusterQueue ``cluster_queue``."""
+        body = {
+            "apiVersion": "gputask.io/v1alpha1",
+            "kind": "GPULocalQueue",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        }
+        return await self.client.create(GPULOCALQUEUES, body, namespace)
 
     async def submit(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a GPUTask; returns the stored object (with uid)."""

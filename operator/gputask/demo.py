@@ -23,6 +23,7 @@ from rich.table import Table
 from gputask.config import Config
 from gputask.k8s.client import (
     GPUCLUSTERQUEUES,
+    GPULOCALQUEUES,
     GPUNODES,
     GPUTASKS,
     JOBS,
@@ -41,6 +42,7 @@ from gputask.k8s.writer import now_rfc3339
 KINDS: dict[str, Resource] = {
     "GPUTask": GPUTASKS,
     "GPUClusterQueue": GPUCLUSTERQUEUES,
+    "GPULocalQueue": GPULOCALQUEUES,
     "GPUNode": GPUNODES,
     "Node": NODES,
     "Namespace": NAMESPACES,

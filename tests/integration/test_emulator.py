@@ -381,7 +381,7 @@ async def test_reactions_still_override_the_emulator(server: EmulatorServer, api
 
 async def test_kubeconfig_serves_the_kubernetes_client_and_kubectl(server: EmulatorServer, tmp_path: Path) -> None:
     """The written kubeconfig works for the kubernetes Python client and, if present, kubectl."""
-    names = ["gpuclusterqueues.gputask.io", "gpunodes.gputask.io", "gputasks.gputask.io"]
+    names = ["gpuclusterqueues.gputask.io", "gpulocalqueues.gputask.io", "gpunodes.gputask.io", "gputasks.gputask.io"]
     assert server.install_crds_from(REPO / "crds") == names
     config = server.write_kubeconfig(tmp_path / "kubeconfig")
 
@@ -392,7 +392,7 @@ async def test_kubeconfig_serves_the_kubernetes_client_and_kubectl(server: Emula
             crds = kubernetes.client.ApiextensionsV1Api(client).list_custom_resource_definition()
             return [crd.metadata.name for crd in crds.items]
 
-    assert len(await asyncio.to_thread(use_client)) == 3
+    assert await asyncio.to_thread(use_client) == names
     if shutil.which("kubectl"):
         command = ["kubectl", "--kubeconfig", str(config), "get", "gputasks", "-n", "team-a"]
         result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=30)
@@ -473,7 +473,7 @@ async def test_crd_create_is_refused_as_the_api_server_refuses_it(server: Emulat
         "Invalid",
         f'CustomResourceDefinition.apiextensions.k8s.io "gputasks.gputask.io" is invalid: {field}: {why}',
         [{"reason": "FieldValueForbidden", "message": why, "field": field}],
-        [201, 201, 201],
+        [201, 201, 201, 201],
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.demo import apply, load_manifests
-from gputask.k8s.client import GPUCLUSTERQUEUES, GPUTASKS, JOBS
+from gputask.k8s.client import EVENTS, GPUCLUSTERQUEUES, GPULOCALQUEUES, GPUTASKS, JOBS
 from harness import REPO, Cluster, eventually, running_operator
 
 EXAMPLES = REPO / "examples"
@@ -30,8 +30,10 @@ async def outcome(cluster: Cluster) -> dict[str, tuple[str, str, str | None]]:
 
 
 async def generations(cluster: Cluster) -> dict[str, Any]:
-    """metadata.generation of every GPUTask and GPUClusterQueue, and the Job names."""
+    """metadata.generation of every GPUTask, GPUClusterQueue and GPULocalQueue, and the Job names."""
     objs = await cluster.client.list(GPUTASKS) + await cluster.client.list(GPUCLUSTERQUEUES)
+    objs += [{"metadata": {**q["metadata"], "name": f"{q['metadata']['namespace']}/{q['metadata']['name']}"}}
+             for q in await cluster.client.list(GPULOCALQUEUES)]
     jobs = sorted(j["metadata"]["name"] for j in await cluster.client.list(JOBS))
     return {"objects": {o["metadata"]["name"]: o["metadata"].get("generation") for o in objs}, "jobs": jobs}
 
@@ -79,3 +81,16 @@ async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: 
         assert await eventually(warned)
         again = await generations(cluster)
         assert again["objects"] == {**before["objects"], "urgent": 1}
+        assert sorted(k for k in again["objects"] if "/" in k) == ["team-a/gpus", "team-b/gpus"]
+        reasons = {e["reason"] for ns in ("team-a", "team-b") for e in await cluster.client.list(EVENTS, ns)}
+        assert "DeprecatedQueueName" not in reasons  # every task names its namespace's GPULocalQueue
+
+        async def counted() -> dict[str, tuple[int, int]] | None:
+            found = {
+                q["metadata"]["namespace"]: ((q.get("status") or {}).get("pendingTasks"),
+                                             (q.get("status") or {}).get("admittedTasks"))
+                for q in await cluster.client.list(GPULOCALQUEUES)
+            }
+            return found if found == {"team-a": (2, 1), "team-b": (0, 2)} else None
+
+        assert await eventually(counted)  # team-a: urgent admitted; multi-gpu and too-big wait

@@ -20,6 +20,7 @@ from gputask.k8s.client import (
     ADMISSIONCHECKS,
     EVENTS,
     GPUCLUSTERQUEUES,
+    GPULOCALQUEUES,
     GPUNODES,
     GPUTASKS,
     JOBS,
@@ -65,6 +66,8 @@ class Parts:
         )
         open_queue = {"namespaceSelector": {}, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1000}]}
         inventory.on_queue({"metadata": {"name": "q"}, "spec": open_queue})
+        local = {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"clusterQueue": "q"}}
+        self.controller.on_local_queue(self.client.put(GPULOCALQUEUES, local, "ns"))
 
     def submit(self, name: str, **spec: Any) -> dict[str, Any]:
         """Store a GPUTask and feed it to the controller (as the watch would)."""
@@ -381,8 +384,12 @@ async def test_a_queue_finalizer_patch_refused_as_stale_is_not_retried_until_a_n
     inventory.on_queue(stale)
     await parts.executor.keep_queue_finalizers()
     await parts.executor.keep_queue_finalizers()
-    assert parts.client.writes() == [("patch", "gpuclusterqueues", "q")]  # one try, refused with 409
+
+    def queue_writes() -> list[tuple[str, str, str | None]]:
+        return [w for w in parts.client.writes() if w[1] == "gpuclusterqueues"]
+
+    assert queue_writes() == [("patch", "gpuclusterqueues", "q")]  # one try, refused with 409
     inventory.on_queue(stored)  # the watch's newer version
     await parts.executor.keep_queue_finalizers()
     finalizers = (await parts.client.get(GPUCLUSTERQUEUES, "q"))["metadata"].get("finalizers")
-    assert (len(parts.client.writes()), finalizers) == (2, ["gputask.io/queue-in-use"])
+    assert (len(queue_writes()), finalizers) == (2, ["gputask.io/queue-in-use"])

@@ -51,7 +51,7 @@ def is_valid(manifest: dict[str, Any]) -> bool:
     return bool(VALIDATORS[manifest["kind"]].is_valid(manifest))
 
 
-def test_crd_files_define_the_three_kinds_as_v1alpha1_with_status_subresources() -> None:
+def test_crd_files_define_the_four_kinds_as_v1alpha1_with_status_subresources() -> None:
     """Each CRD is apiextensions v1, serves and stores v1alpha1, and has a status subresource."""
     summary = {
         kind: (
@@ -71,6 +71,8 @@ def test_crd_files_define_the_three_kinds_as_v1alpha1_with_status_subresources()
                     ["gt"], ["gputask"], version),
         "GPUClusterQueue": ("apiextensions.k8s.io/v1", "gpuclusterqueues.gputask.io", "gputask.io",
                             "Cluster", ["gcq"], None, version),
+        "GPULocalQueue": ("apiextensions.k8s.io/v1", "gpulocalqueues.gputask.io", "gputask.io",
+                          "Namespaced", ["glq"], ["gputask"], version),
         "GPUNode": ("apiextensions.k8s.io/v1", "gpunodes.gputask.io", "gputask.io", "Cluster",
                     ["gn"], None, version),
     }  # fmt: skip
@@ -82,7 +84,7 @@ def test_crd_schemas_describe_every_field() -> None:
     Whether the API server accepts the CRDs is tests/unit/test_crd_rules.py's question.
     """
     undocumented = {kind: crdschema.undocumented_fields(crdschema.openapi_schema(crd)) for kind, crd in CRDS.items()}
-    assert undocumented == {"GPUTask": [], "GPUClusterQueue": [], "GPUNode": []}
+    assert undocumented == {"GPUTask": [], "GPUClusterQueue": [], "GPULocalQueue": [], "GPUNode": []}
 
 
 def test_crd_defaults_validate_against_their_own_schema() -> None:
@@ -113,7 +115,7 @@ def test_gputask_spec_states_memory_and_fraction_exclusivity_in_cel_and_schema()
 
 
 def test_examples_are_the_demo_objects_and_validate_against_their_crds() -> None:
-    """examples/ holds the demo's Nodes, GPUNodes, queue and tasks, and each custom resource validates."""
+    """examples/ holds the demo's Nodes, GPUNodes, queues and tasks, and each custom resource validates."""
     objects = crdschema.load_objects(ROOT / "examples")
     errors = {
         obj["metadata"]["name"]: [e.message for e in VALIDATORS[obj["kind"]].iter_errors(obj)]
@@ -122,8 +124,8 @@ def test_examples_are_the_demo_objects_and_validate_against_their_crds() -> None
     }
     assert ([(o["kind"], o["metadata"]["name"]) for o in objects], errors) == (
         [("Node", "node-a"), ("Node", "node-b"), ("GPUNode", "node-a"), ("GPUNode", "node-b"),
-         ("GPUClusterQueue", "default"), ("GPUTask", "train-small"), ("GPUTask", "eval-fraction"),
-         ("GPUTask", "infer-whole")],
+         ("GPUClusterQueue", "default"), ("GPULocalQueue", "default"), ("GPUTask", "train-small"),
+         ("GPUTask", "eval-fraction"), ("GPUTask", "infer-whole")],
         dict.fromkeys(["node-a", "node-b", "default", "train-small", "eval-fraction", "infer-whole"], []),
     )  # fmt: skip
 
@@ -213,3 +215,50 @@ def test_any_gpu_count_and_memory_quantity_validates(gpus: int, memory: str | in
 def test_any_fraction_with_at_most_three_decimals_validates(fraction: Decimal, trim: bool) -> None:
     """Any gpuFraction in (0,1] written with at most three decimals, trailing zeros or not, is accepted."""
     assert is_valid(task(gpuFraction=format(fraction.normalize() if trim else fraction, "f")))
+
+
+def local_queue(**spec: Any) -> dict[str, Any]:
+    """A GPULocalQueue manifest with the given spec fields."""
+    return {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPULocalQueue",
+        "metadata": {"name": "team-a", "namespace": "team-a"},
+        "spec": spec,
+    }
+
+
+def test_local_queue_needs_a_cluster_queue_name_that_is_a_kubernetes_name() -> None:
+    """spec.clusterQueue is required, non-empty and a DNS subdomain, as Kueue's LocalQueue; nothing else is read."""
+    cases = {
+        "named": local_queue(clusterQueue="team-a"),
+        "dotted": local_queue(clusterQueue="org.team-a"),
+        "missing": local_queue(),
+        "empty": local_queue(clusterQueue=""),
+        "upper case": local_queue(clusterQueue="Team-A"),
+        "unknown field": local_queue(clusterQueue="team-a", cohort="org"),
+    }
+    assert {name: is_valid(m) for name, m in cases.items()} == {
+        "named": True, "dotted": True, "missing": False, "empty": False, "upper case": False, "unknown field": False,
+    }  # fmt: skip
+
+
+def test_local_queue_cluster_queue_is_immutable_as_in_kueue() -> None:
+    """The transition rule refuses an update that points the queue elsewhere and accepts one that keeps it."""
+    field = crdschema.openapi_schema(CRDS["GPULocalQueue"])["properties"]["spec"]["properties"]["clusterQueue"]
+    assert (
+        crdschema.rule_failures(field, "team-b", old="team-a"),
+        crdschema.rule_failures(field, "team-a", old="team-a"),
+        crdschema.rule_failures(field, "team-b"),  # a create: transition rules are not evaluated
+    ) == (["field is immutable"], [], [])
+
+
+def test_local_queue_printer_columns() -> None:
+    """`kubectl get glq` shows ClusterQueue, Pending, Admitted, GPU usage and Age, read from spec and status."""
+    (version,) = CRDS["GPULocalQueue"]["spec"]["versions"]
+    obj = local_queue(clusterQueue="team-a")
+    obj["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    usage = [{"name": "nvidia.com/gpu", "total": "1500m"}, {"name": "gputask.io/gpu-memory", "total": "24576Mi"}]
+    obj["status"] = {"pendingTasks": 3, "admittedTasks": 2, "usage": usage}
+    assert (is_valid(obj), crdschema.column_values(version["additionalPrinterColumns"], obj)) == (True, {
+        "ClusterQueue": "team-a", "Pending": 3, "Admitted": 2, "GPU usage": "1500m", "Age": "2026-12-01T10:00:00Z",
+    })  # fmt: skip

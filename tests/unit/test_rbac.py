@@ -111,8 +111,8 @@ def test_rebuild_lists_are_granted() -> None:
 
 
 def test_operator_writes_only_status_of_its_custom_resources() -> None:
-    """The operator never writes a GPUTask's or GPUClusterQueue's spec (GitOps owns it) nor a GPUNode's
-    (the agent owns it): only their status (a GPUNode's Accepted condition), and a GPUClusterQueue's
+    """The operator never writes a GPUTask's, GPUClusterQueue's or GPULocalQueue's spec (GitOps owns it) nor a
+    GPUNode's (the agent owns it): only their status (a GPUNode's Accepted condition), and the queues'
     metadata.finalizers (the queue-in-use finalizer: a patch of the object is the only way to set it)."""
     writes = {g for g in rbac.grants(rbac.OPERATOR) if g.verb in ("create", "update", "patch", "delete")}
     custom = {(g.resource, g.verb) for g in writes if g.group == "gputask.io"}
@@ -121,5 +121,7 @@ def test_operator_writes_only_status_of_its_custom_resources() -> None:
         ("gputasks/finalizers", "update"),
         ("gpuclusterqueues/status", "patch"),
         ("gpuclusterqueues", "patch"),
+        ("gpulocalqueues/status", "patch"),
+        ("gpulocalqueues", "patch"),
         ("gpunodes/status", "patch"),
     }

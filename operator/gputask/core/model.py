@@ -130,6 +130,8 @@ class Task:
     are its pod's requests as kube-scheduler reckons them (0 when not tracked); ``constraints`` what
     its pod template requires of a node (selector, affinity, tolerations; None: nothing, so no taint
     is tolerated); ``namespace_labels`` feeds queues' namespaceSelector. A task is one pod.
+    ``queue`` is the GPUClusterQueue that admits and charges it; ``local_queue`` the GPULocalQueue of
+    the task's namespace it named, which resolved to ``queue`` (None: it named ``queue`` directly).
     """
 
     key: TaskKey
@@ -143,6 +145,7 @@ class Task:
     max_reschedules: int = 3
     ephemeral_mib: int = 0
     constraints: Constraints | None = None
+    local_queue: str | None = None
 
     @property
     def fit_key(self) -> tuple[object, ...]:

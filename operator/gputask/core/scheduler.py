@@ -500,7 +500,8 @@ class Scheduler:
             why = self.inactive[task.queue]
             return Pending(task, QUEUE_INACTIVE, f"GPUClusterQueue {task.queue!r} is inactive: {why}")
         if spec is None:
-            return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r} does not exist")
+            of = f" (of GPULocalQueue {task.namespace}/{task.local_queue})" if task.local_queue else ""
+            return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r}{of} does not exist")
         if spec.stop_policy != "None":
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
         uncovered = spec.uncovered()

@@ -18,14 +18,16 @@ import heapq
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidTaskError, Placement, Scheduler, Task, TaskKey, make_policy, task_key
+from gputask.core.reasons import Reason
 from gputask.k8s.foreign import ForeignPods
 from gputask.k8s.inventory import Inventory
 from gputask.k8s.jobs import ATTEMPT_ANNOTATION, PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, parse_placement
+from gputask.k8s.localqueues import LocalQueues
 from gputask.k8s.tasks import (
     ADMITTED,
     FAILED,
@@ -43,6 +45,7 @@ from gputask.manifests import convert
 log = logging.getLogger("gputask.controller")
 
 PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
+WAITING_REASONS = (PRIORITY_CLASS_NOT_FOUND, Reason.QUEUE_NOT_FOUND, Reason.QUEUE_INACTIVE)  # kept Pending, not Failed
 JOB_DELETED = "JobDeleted"
 PODS_NOT_STARTING = "PodsNotStarting"
 PLACEMENT_CONFLICT = "PlacementConflict"
@@ -72,6 +75,7 @@ class JobRecord:
 @dataclass(frozen=True, slots=True)
 class Report:
     """Something the loop must publish about a task: ``kind`` is invalid, blocked, spec-ignored,
+    deprecated-queue (``detail`` = the GPUClusterQueue it names directly),
     finished (``detail`` = outcome), running, restored (``detail`` = message), delete-job, or
     stray-job (``detail`` = the Job to delete: a second live Job of the task)."""
 
@@ -134,6 +138,7 @@ class Controller:
             preemption_strategies=self.config.fair_sharing.preemption_strategies,
         )
         self.inventory = Inventory(self.scheduler, self.config, self.foreign)
+        self.local_queues = LocalQueues()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.by_uid: dict[str, TaskRecord] = {}
         self.jobs: dict[str, JobRecord] = {}  # by "namespace/name"
@@ -332,14 +337,20 @@ class Controller:
         return record
 
     def requeue(self, record: TaskRecord) -> None:
-        """(Re)convert a task from its current spec and queue it, or report why it cannot be."""
+        """(Re)convert a task from its current spec and queue it, or report why it cannot be.
+
+        A task the core has just admitted (a cycle's decisions not applied yet, so its phase still says
+        Pending) is placed: the new spec waits for its next admission, as for any placed task."""
+        if self.scheduler.ledger.get(record.key) is not None:
+            self._revise(record, spec_changed=False)
+            return
         self._unblock(record)
         try:
-            record.task = self.convert_task(record.obj)
+            record.task = self._queued(record, self.convert_task(record.obj))
         except InvalidTaskError as exc:
             record.task = None
             self.scheduler.finish(record.key)
-            if exc.reason == PRIORITY_CLASS_NOT_FOUND:
+            if exc.reason in WAITING_REASONS:
                 self._block(record, exc)
             else:
                 record.invalid, record.blocked = (exc.reason, exc.message), None
@@ -357,10 +368,44 @@ class Controller:
         self.scheduler.set_reschedules(record.key, record.reschedules)
         self.scheduler.submit(record.task)
 
+    def _queued(self, record: TaskRecord, task: Task) -> Task:
+        """``task`` with its queue name resolved to the GPUClusterQueue that admits it (gputask mode; in Kueue
+        mode the name is Kueue's LocalQueue and stays). Raises InvalidTaskError QueueNotFound or QueueInactive
+        when it must wait outside the queues; a task naming a GPUClusterQueue directly gets a deprecation
+        Event, once."""
+        if self.config.queueing == "kueue":
+            return task
+        lqs = self.local_queues
+        lqs.ask(record.key, task.queue)
+        found = lqs.resolve(record.namespace, task.queue, self.inventory.queue_meta)
+        if found.cluster_queue is None:
+            raise InvalidTaskError(found.reason, found.message)
+        if found.local_queue is None and record.key not in lqs.warned:
+            lqs.warned.add(record.key)
+            self.outbox.append(Report("deprecated-queue", record, task.queue))
+        return replace(task, queue=found.cluster_queue, local_queue=found.local_queue)
+
+    def _placed_in(self, record: TaskRecord, task: Task, queue: Any) -> Task:
+        """``task`` of a placed task, in the GPUClusterQueue it was admitted in (``status.queue``), which
+        outlives a GPULocalQueue pointed elsewhere since; resolved anew when the status names none."""
+        if self.config.queueing == "kueue" or not isinstance(queue, str) or not queue:
+            return self._queued(record, task)
+        self.local_queues.ask(record.key, task.queue)
+        local = self.local_queues.queues.get((record.namespace, task.queue))
+        via = task.queue if local is not None and local.cluster_queue == queue else None
+        return replace(task, queue=queue, local_queue=via)
+
     def _revise(self, record: TaskRecord, *, spec_changed: bool) -> None:
-        """A placed task's spec changed: it runs on as admitted; its next admission takes the new spec."""
+        """A placed task's spec changed: it runs on as admitted; its next admission takes the new spec
+        (in the queue it then names; in its current one while that name leads nowhere)."""
         try:
             task = self.convert_task(record.obj)
+            try:
+                task = self._queued(record, task)
+            except InvalidTaskError:
+                current = record.task
+                if current is not None:
+                    task = replace(task, queue=current.queue, local_queue=current.local_queue)
         except InvalidTaskError as exc:
             record.revision, record.revision_error = None, (exc.reason, exc.message)
             self.scheduler.revise(record.key, None)
@@ -372,9 +417,11 @@ class Controller:
             self.outbox.append(Report("spec-ignored", record))
 
     def _block(self, record: TaskRecord, exc: InvalidTaskError) -> None:
-        """Wait outside the queues until the named priority class exists (GitOps order)."""
+        """Wait outside the queues until the named priority class exists, or the queue name leads to a
+        GPUClusterQueue (GitOps order: tasks applied before their queues)."""
         record.blocked, record.invalid = (exc.reason, exc.message), None
-        self.blocked_on.setdefault(convert.priority_class_name(record.obj) or "", set()).add(record.key)
+        if exc.reason == PRIORITY_CLASS_NOT_FOUND:
+            self.blocked_on.setdefault(convert.priority_class_name(record.obj) or "", set()).add(record.key)
         self.outbox.append(Report("blocked", record))
 
     def _unblock(self, record: TaskRecord) -> None:
@@ -396,6 +443,35 @@ class Controller:
                 record.blocked = None
                 self.requeue(record)
 
+    # -- queues -------------------------------------------------------------------------------------
+    def on_local_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """A GPULocalQueue changed: the waiting tasks of its namespace that name it are resolved again
+        (placed ones keep the GPUClusterQueue they were admitted in)."""
+        where = self.local_queues.on_local_queue(obj, deleted)
+        if where is not None:
+            self._reresolve(self.local_queues.asking(where[1], where[0]))
+
+    def on_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """A GPUClusterQueue changed. When one appears or goes, tasks that name it directly (or wait for a
+        name that leads nowhere) are resolved again."""
+        name = (obj.get("metadata") or {}).get("name")
+        known = name in self.inventory.queue_meta
+        self.inventory.on_queue(obj, deleted)
+        if isinstance(name, str) and known != (name in self.inventory.queue_meta):
+            self._reresolve(
+                key for key in self.local_queues.asking(name)
+                if (r := self.tasks.get(key)) is not None and (r.task is None or r.task.local_queue is None)
+            )  # fmt: skip
+
+    def _reresolve(self, keys: Iterable[TaskKey]) -> None:
+        for key in list(keys):
+            record = self.tasks.get(key)
+            if record is None or record.deleting or record.phase != PENDING or record.invalid is not None:
+                continue
+            if record.blocked is not None and record.blocked[0] == PRIORITY_CLASS_NOT_FOUND:
+                continue  # waits for its priority class first
+            self.requeue(record)
+
     def _adopt_status(self, record: TaskRecord, obj: Mapping[str, Any]) -> None:
         """After a restart: take attempt and conditions from status and the placement from our Job."""
         status = obj.get("status") or {}
@@ -416,7 +492,7 @@ class Controller:
             self.outbox.append(Report("finished", record, job.outcome))
             return
         try:
-            record.task = self.convert_task(obj)
+            record.task = self._placed_in(record, self.convert_task(obj), status.get("queue"))
         except InvalidTaskError:
             return
         record.generation = int(status.get("observedGeneration") or obj["metadata"].get("generation") or 0)
@@ -466,6 +542,7 @@ class Controller:
 
     def _forget(self, record: TaskRecord) -> None:
         self._unblock(record)
+        self.local_queues.forget(record.key)
         self.scheduler.finish(record.key)
         if self.tasks.get(record.key) is record:
             del self.tasks[record.key]
@@ -476,7 +553,7 @@ class Controller:
         """Start over from listed objects, in dependency order.
 
         ``objects`` maps kinds (priorityclasses, workloadpriorityclasses, namespaces, nodes,
-        gpunodes, queues, jobs, tasks) to lists of object dicts.
+        gpunodes, queues, localqueues, jobs, tasks) to lists of object dicts.
         """
         self.reset()
         self._restoring = []
@@ -494,6 +571,8 @@ class Controller:
             inv.on_node(obj, now)
         for obj in objects.get("queues", ()):
             inv.on_queue(obj)
+        for obj in objects.get("localqueues", ()):
+            self.local_queues.on_local_queue(obj)
         jobs = [j for j in map(job_record, objects.get("jobs", ())) if j is not None]
         for job in jobs:
             self._remember(job)

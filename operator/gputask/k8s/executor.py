@@ -24,18 +24,17 @@ from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
 from gputask.k8s.client import (
     EVENTS,
-    GPUCLUSTERQUEUES,
     GPUNODES,
     JOBS,
     AlreadyExists,
     ApiError,
-    Conflict,
     Fenced,
     NotFound,
 )
 from gputask.k8s.controller import Controller, JobRecord, Report
-from gputask.k8s.inventory import QUEUE_FINALIZER
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
+from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
+from gputask.k8s.queue_status import QueueUpkeep
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe
 from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
@@ -75,15 +74,14 @@ class Executor:
         self.transitions = Transitions(writer)
         self.metrics = metrics or writer.metrics
         self.deletions: dict[str, Deletion] = {}  # Job key -> deletion to retry
-        self._queue_reports: dict[str, dict[str, Any]] = {}
-        self._finalizer_writes: dict[str, str] = {}  # GPUClusterQueue -> resourceVersion its finalizers were patched at
+        self.queues = QueueUpkeep(controller, writer)
         self._limit = asyncio.Semaphore(concurrency)
 
     def reset(self) -> None:
         """Forget the deletions and status writes still to retry (a rebuild finds again what is owed)."""
         self.deletions.clear()
         self.transitions.unwritten.clear()
-        self._queue_reports.clear()
+        self.queues.reset()
 
     # -- decisions ------------------------------------------------------------------------------------
     async def apply(self, decisions: Iterable[Decision]) -> None:
@@ -304,6 +302,9 @@ class Executor:
                 message = (f"spec changed while Job {record.job_name} runs: it applies at the task's next admission "
                            "(after an eviction); delete and re-create the GPUTask to apply it now")
                 await t.note(record, "Warning", "SpecChangeIgnored", message)
+            elif report.kind == "deprecated-queue" and record.phase == PENDING:
+                message = deprecation_message(record.namespace, report.detail)
+                await t.note(record, "Warning", DEPRECATED_QUEUE_NAME, message)
             elif report.kind == "finished":
                 await t.finished(record, report.detail)
             elif report.kind == "running" and record.phase == ADMITTED:
@@ -343,87 +344,12 @@ class Executor:
                 await self.writer.event(involved, "Warning", "GPUNodeRefused", message)
 
     async def keep_queue_finalizers(self) -> None:
-        """Kueue's resource-in-use finalizer: every GPUClusterQueue carries :data:`QUEUE_FINALIZER`; one
-        being deleted keeps it until none of its tasks is admitted (running or nominated), then it goes.
-        Patched with the resourceVersion last seen; a version is written at most once (after a 409 the
-        next try waits for the watch to bring a newer one)."""
-        inventory = self.controller.inventory
-        admitted = {e.task.queue for e in self.controller.scheduler.running.values()}
-        admitted |= {e.task.queue for e in self.controller.scheduler.nominated.values()}
-        for name, meta in sorted(inventory.queue_meta.items()):
-            has = QUEUE_FINALIZER in meta.finalizers
-            if not meta.terminating and not has:
-                finalizers = [*meta.finalizers, QUEUE_FINALIZER]
-            elif meta.terminating and has and name not in admitted:
-                finalizers = [f for f in meta.finalizers if f != QUEUE_FINALIZER]
-            else:
-                continue
-            if self._finalizer_writes.get(name) == meta.resource_version:
-                continue  # written for this version already: wait for the watch to show it
-            patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta.resource_version}}
-            try:
-                await self.writer.patch(GPUCLUSTERQUEUES, name, patch)
-            except Conflict:
-                pass  # that version is stale: the watch brings the newer one, and the next pass tries it
-            except ApiError as exc:
-                if not isinstance(exc, (Fenced, NotFound)):
-                    log.warning("finalizer patch of GPUClusterQueue %s failed: %s", name, exc)
-                continue  # tried again at the next loop pass (the cycle interval paces it)
-            self._finalizer_writes[name] = meta.resource_version
+        """The queue-in-use finalizer on every GPUClusterQueue and GPULocalQueue (:class:`QueueUpkeep`)."""
+        await self.queues.keep_finalizers()
 
     async def report_queues(self) -> None:
-        """Patch each GPUClusterQueue's status when its counts or usage changed since the last write."""
-        for name, status in queue_statuses(self.controller).items():
-            seen = {**status, "conditions": [{**c, "lastTransitionTime": ""} for c in status["conditions"]]}
-            if self._queue_reports.get(name) == seen:
-                continue
-            try:
-                await self.writer.patch(GPUCLUSTERQUEUES, name, {"status": status}, status=True)
-            except NotFound:
-                continue
-            except ApiError as exc:
-                if not isinstance(exc, Fenced):
-                    log.warning("status patch of GPUClusterQueue %s failed: %s", name, exc)
-                continue
-            self._queue_reports[name] = seen
+        """Patch each queue's status when it changed since the last write (:class:`QueueUpkeep`)."""
+        await self.queues.report()
 
 
-def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
-    """The ``status`` of every known GPUClusterQueue: counts, usage (quantities) and an Active condition."""
-    out: dict[str, dict[str, Any]] = {}
-    inventory = controller.inventory
-    for name, report in controller.scheduler.queue_status().items():
-        if name not in controller.scheduler.quotas.specs and name not in inventory.queue_errors:
-            continue
-        usage, borrowed = report["usage"], report["borrowed"]
-        assert isinstance(usage, dict) and isinstance(borrowed, dict)
-        out[name] = {
-            "pendingTasks": report["pending"],
-            "admittedTasks": report["admitted"],
-            "usage": [
-                {"name": r, "total": _quantity(r, usage.get(r, 0)), "borrowed": _quantity(r, borrowed.get(r, 0))}
-                for r in sorted(usage)
-            ],
-            "conditions": [_active(inventory.queue_errors.get(name))],
-        }
-    for name, error in inventory.queue_errors.items():
-        out.setdefault(name, {"conditions": [_active(error)]})
-    return out
-
-
-def _active(error: str | None) -> dict[str, Any]:
-    return {
-        "type": "Active",
-        "status": "True" if error is None else "False",
-        "reason": "Ready" if error is None else "InvalidSpec",
-        "message": "Can admit new tasks" if error is None else error,
-        "lastTransitionTime": now_rfc3339(),
-    }
-
-
-def _quantity(resource: str, amount: int) -> str:
-    """A quota amount as a Kubernetes quantity: milli-GPU as ``1500m``, MiB as ``16384Mi``."""
-    return f"{amount}m" if resource == "nvidia.com/gpu" else f"{amount}Mi"
-
-
-__all__ = ["Executor", "backoff_s", "queue_statuses"]
+__all__ = ["Executor", "backoff_s"]

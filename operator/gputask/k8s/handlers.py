@@ -26,6 +26,7 @@ import kopf
 from gputask.config import Config
 from gputask.k8s.client import (
     GPUCLUSTERQUEUES,
+    GPULOCALQUEUES,
     GPUNODES,
     GPUTASKS,
     JOBS,
@@ -62,6 +63,7 @@ REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "nodes": (NODES, None),
     "gpunodes": (GPUNODES, None),
     "queues": (GPUCLUSTERQUEUES, None),
+    "localqueues": (GPULOCALQUEUES, None),
     "jobs": (JOBS, "gputask.io/task"),
     "tasks": (GPUTASKS, None),
 }
@@ -256,15 +258,16 @@ class Operator:
             self.controller.on_priority_class(event["object"], kueue=kueue, deleted=event.get("type") == "DELETED")
         self.loop.wake()
 
-    def _track(self, method: str, *, timed: bool = False) -> Handler:
-        """A handler that passes the object to ``controller.inventory.<method>`` (looked up per event)."""
+    def _track(self, method: str, *, timed: bool = False, on: str = "inventory") -> Handler:
+        """A handler that passes the object to ``controller.<on>.<method>`` (looked up per event)."""
 
         async def handler(event: dict[str, Any], **_: Any) -> None:
             if not self.leading or self._kept(handler, event):
                 return
             deleted = event.get("type") == "DELETED"
             async with self.gate:
-                call = getattr(self.controller.inventory, method)
+                owner = self.controller if on == "controller" else self.controller.inventory
+                call = getattr(owner, method)
                 if timed:
                     call(event["object"], time.time(), deleted=deleted)
                 else:
@@ -294,7 +297,8 @@ class Operator:
         for resource, handler in (
             (("gputask.io", "v1alpha1", "gpunodes"), self._track("on_gpunode", timed=True)),
             (("v1", "nodes"), self._track("on_node", timed=True)),
-            (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue")),
+            (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue", on="controller")),
+            (("gputask.io", "v1alpha1", "gpulocalqueues"), self._track("on_local_queue", on="controller")),
             (("v1", "namespaces"), self._track("on_namespace")),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)

@@ -1,0 +1,191 @@
+"""What the operator writes on its queues: each GPUClusterQueue's and GPULocalQueue's status, and the
+queue-in-use finalizer (Kueue's ``kueue.x-k8s.io/resource-in-use``) that keeps a queue with admitted
+tasks from going while they run.
+
+Run by the scheduling loop after each pass; a status is patched only when it changed since the last
+write, and a finalizer patch is sent at most once per resourceVersion (after a 409 the next try
+waits for the watch to bring a newer version), so neither costs a write per pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from gputask.core import Task
+from gputask.core.quota import GPU, GPU_MEMORY
+from gputask.k8s.client import GPUCLUSTERQUEUES, GPULOCALQUEUES, ApiError, Conflict, NotFound, Resource
+from gputask.k8s.controller import Controller
+from gputask.k8s.inventory import QUEUE_FINALIZER
+from gputask.k8s.writer import Fenced, Writer, now_rfc3339
+
+log = logging.getLogger("gputask.queues")
+
+QueueId = tuple[str | None, str]  # (namespace, name); namespace None for a GPUClusterQueue
+
+
+class QueueUpkeep:
+    """Writes queue statuses and finalizers for the loop; remembers only what it last wrote."""
+
+    def __init__(self, controller: Controller, writer: Writer) -> None:
+        self.controller = controller
+        self.writer = writer
+        self._reports: dict[QueueId, dict[str, Any]] = {}
+        self._finalizer_writes: dict[QueueId, str] = {}  # queue -> resourceVersion its finalizers were patched at
+
+    def reset(self) -> None:
+        """Forget what was written (a rebuild writes every status again)."""
+        self._reports.clear()
+
+    async def keep_finalizers(self) -> None:
+        """Every GPUClusterQueue and GPULocalQueue carries :data:`QUEUE_FINALIZER`; one being deleted keeps
+        it until none of its tasks is admitted (running or nominated), then it goes."""
+        admitted = {(None, t.queue) for t in admitted_tasks(self.controller)}
+        admitted |= {(t.namespace, t.local_queue) for t in admitted_tasks(self.controller) if t.local_queue}
+        queues: list[tuple[Resource, QueueId, tuple[str, ...], str, bool]] = [
+            (GPUCLUSTERQUEUES, (None, name), m.finalizers, m.resource_version, m.terminating)
+            for name, m in sorted(self.controller.inventory.queue_meta.items())
+        ]
+        queues += [
+            (GPULOCALQUEUES, (q.namespace, q.name), q.finalizers, q.resource_version, q.terminating)
+            for _, q in sorted(self.controller.local_queues.queues.items())
+        ]
+        for resource, qid, finalizers, version, terminating in queues:
+            has = QUEUE_FINALIZER in finalizers
+            if not terminating and not has:
+                wanted = [*finalizers, QUEUE_FINALIZER]
+            elif terminating and has and qid not in admitted:
+                wanted = [f for f in finalizers if f != QUEUE_FINALIZER]
+            else:
+                continue
+            if self._finalizer_writes.get(qid) == version:
+                continue  # written for this version already: wait for the watch to show it
+            patch = {"metadata": {"finalizers": wanted, "resourceVersion": version}}
+            try:
+                await self.writer.patch(resource, qid[1], patch, qid[0])
+            except Conflict:
+                pass  # that version is stale: the watch brings the newer one, and the next pass tries it
+            except ApiError as exc:
+                if not isinstance(exc, (Fenced, NotFound)):
+                    log.warning("finalizer patch of %s %s failed: %s", resource.plural, _name(qid), exc)
+                continue  # tried again at the next loop pass (the cycle interval paces it)
+            self._finalizer_writes[qid] = version
+
+    async def report(self) -> None:
+        """Patch each queue's status when its counts, usage or condition changed since the last write."""
+        statuses: dict[QueueId, dict[str, Any]] = {(None, n): s for n, s in queue_statuses(self.controller).items()}
+        statuses.update(local_queue_statuses(self.controller))
+        for qid, status in statuses.items():
+            seen = {**status, "conditions": [{**c, "lastTransitionTime": ""} for c in status["conditions"]]}
+            if self._reports.get(qid) == seen:
+                continue
+            resource = GPUCLUSTERQUEUES if qid[0] is None else GPULOCALQUEUES
+            try:
+                await self.writer.patch(resource, qid[1], {"status": status}, qid[0], status=True)
+            except NotFound:
+                continue
+            except ApiError as exc:
+                if not isinstance(exc, Fenced):
+                    log.warning("status patch of %s %s failed: %s", resource.plural, _name(qid), exc)
+                continue
+            self._reports[qid] = seen
+
+
+def admitted_tasks(controller: Controller) -> Iterable[Task]:
+    """Tasks holding quota: running and nominated (placed, waiting for their victims to go)."""
+    scheduler = controller.scheduler
+    for entries in (scheduler.running.values(), scheduler.nominated.values()):
+        for entry in entries:
+            yield entry.task
+
+
+def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
+    """The ``status`` of every known GPUClusterQueue: counts, usage (quantities) and an Active condition."""
+    out: dict[str, dict[str, Any]] = {}
+    inventory = controller.inventory
+    for name, report in controller.scheduler.queue_status().items():
+        if name not in controller.scheduler.quotas.specs and name not in inventory.queue_errors:
+            continue
+        usage, borrowed = report["usage"], report["borrowed"]
+        assert isinstance(usage, dict) and isinstance(borrowed, dict)
+        out[name] = {
+            "pendingTasks": report["pending"],
+            "admittedTasks": report["admitted"],
+            "usage": [
+                {"name": r, "total": _quantity(r, usage.get(r, 0)), "borrowed": _quantity(r, borrowed.get(r, 0))}
+                for r in sorted(usage)
+            ],
+            "conditions": [_active(inventory.queue_errors.get(name))],
+        }
+    for name, error in inventory.queue_errors.items():
+        out.setdefault(name, {"conditions": [_active(error)]})
+    return out
+
+
+def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]]:
+    """The ``status`` of every GPULocalQueue: its tasks pending and admitted, the quota they use of its
+    GPUClusterQueue (quantities) and an Active condition (False while its GPUClusterQueue cannot admit).
+
+    Counts one pass over the pending and admitted tasks, and only when some GPULocalQueue exists.
+    """
+    lqs = controller.local_queues.queues
+    if not lqs:
+        return {}
+    pending: dict[tuple[str, str], int] = {}
+    for task in controller.scheduler.pending:
+        if task.local_queue:
+            where = (task.namespace, task.local_queue)
+            pending[where] = pending.get(where, 0) + 1
+    admitted: dict[tuple[str, str], int] = {}
+    usage: dict[tuple[str, str], dict[str, int]] = {}
+    scheduler = controller.scheduler
+    for entries in (scheduler.running.values(), scheduler.nominated.values()):
+        for entry in entries:
+            if entry.task.local_queue:
+                where = (entry.task.namespace, entry.task.local_queue)
+                admitted[where] = admitted.get(where, 0) + 1
+                used = usage.setdefault(where, {GPU: 0, GPU_MEMORY: 0})
+                for resource, amount in entry.usage.items():
+                    used[resource] = used.get(resource, 0) + amount
+    queues = controller.scheduler.quotas.specs
+    out: dict[QueueId, dict[str, Any]] = {}
+    for where, lq in sorted(lqs.items()):
+        reason, error = "", None
+        if lq.error is not None:
+            reason, error = "InvalidSpec", lq.error
+        elif lq.terminating:
+            reason, error = "Terminating", "being deleted: admits nothing new; goes once its admitted tasks finish"
+        elif lq.cluster_queue not in queues:  # Kueue's reason: ClusterQueueIsInactive
+            why = controller.inventory.queue_errors.get(str(lq.cluster_queue))
+            reason = "ClusterQueueIsInactive"
+            error = f"GPUClusterQueue {lq.cluster_queue!r} " + (f"is inactive: {why}" if why else "does not exist")
+        used = usage.get(where, {GPU: 0, GPU_MEMORY: 0})
+        out[where] = {
+            "pendingTasks": pending.get(where, 0),
+            "admittedTasks": admitted.get(where, 0),
+            "usage": [{"name": r, "total": _quantity(r, used.get(r, 0))} for r in sorted(used)],
+            "conditions": [_active(error, reason)],
+        }
+    return out
+
+
+def _active(error: str | None, reason: str = "InvalidSpec") -> dict[str, Any]:
+    return {
+        "type": "Active",
+        "status": "True" if error is None else "False",
+        "reason": "Ready" if error is None else reason,
+        "message": "Can admit new tasks" if error is None else error,
+        "lastTransitionTime": now_rfc3339(),
+    }
+
+
+def _quantity(resource: str, amount: int) -> str:
+    """A quota amount as a Kubernetes quantity: milli-GPU as ``1500m``, MiB as ``16384Mi``."""
+    return f"{amount}m" if resource == GPU else f"{amount}Mi"
+
+
+def _name(qid: QueueId) -> str:
+    return qid[1] if qid[0] is None else f"{qid[0]}/{qid[1]}"
+
+__all__ = ["QueueUpkeep", "admitted_tasks", "local_queue_statuses", "queue_statuses"]

@@ -1,0 +1,175 @@
+"""GPULocalQueues: a task's queue name resolves to a GPUClusterQueue through the LocalQueue of its namespace.
+
+Driven on the controller directly (no I/O): what it queues in the core, what it reports, and that the
+index it keeps re-resolves exactly the tasks an event concerns.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gputask.config import Config
+from gputask.core import Admit, Pending
+from gputask.k8s.controller import Controller
+from gputask.k8s.tasks import PENDING
+
+GPU0 = {"index": 0, "uuid": "GPU-0", "product": "NVIDIA-A10", "memory": "24Gi", "memoryUsed": "0", "healthy": True}
+OPEN = {"namespaceSelector": {}, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1000}]}
+
+
+def controller(config: Config | None = None) -> Controller:
+    """A controller with one ready node of one A10 and an open GPUClusterQueue ``cq``."""
+    c = Controller(config or Config())
+    now = time.time()
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    c.inventory.on_node({"metadata": {"name": "node-a"}, "status": ready}, now)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    c.inventory.on_gpunode({"metadata": {"name": "node-a"}, "status": {"gpus": [GPU0], "heartbeatTime": stamp}}, now)
+    c.on_queue(cluster_queue("cq"))
+    return c
+
+
+def cluster_queue(name: str, **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": "1", **meta}, "spec": OPEN}
+
+
+def local_queue(name: str, namespace: str, target: Any, **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": "1", **meta},
+            "spec": {"clusterQueue": target}}
+
+
+def gputask(name: str, queue: str, namespace: str = "ns", memory: str = "4Gi") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}", "generation": 1},
+        "spec": {"queueName": queue, "gpuMemory": memory,
+                 "template": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}},
+    }
+
+
+def where(c: Controller, key: str) -> tuple[str | None, str | None, tuple[str, str] | None]:
+    """(GPUClusterQueue, GPULocalQueue) the record's task is queued in, and why it waits outside the queues."""
+    record = c.tasks[key]
+    task = record.task
+    return (task.queue if task else None, task.local_queue if task else None, record.blocked)
+
+
+def reports(c: Controller) -> list[tuple[str, str, str]]:
+    out = [(r.kind, r.record.key, r.detail) for r in c.outbox]
+    c.outbox.clear()
+    return out
+
+
+def test_a_task_names_the_local_queue_of_its_namespace_and_is_admitted_by_its_cluster_queue() -> None:
+    """Two namespaces with a LocalQueue of the same name point at different GPUClusterQueues; each task is
+    charged to its own, and nothing is reported but the admissions."""
+    c = controller()
+    c.on_queue(cluster_queue("other"))
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    c.on_local_queue(local_queue("gpus", "team-b", "other"))
+    c.on_task(gputask("a", "gpus"))
+    c.on_task(gputask("b", "gpus", namespace="team-b"))
+    decisions = c.scheduler.cycle(time.time())
+    assert (where(c, "ns/a"), where(c, "team-b/b"), reports(c)) == (("cq", "gpus", None), ("other", "gpus", None), [])
+    assert sorted((d.task.key, d.task.queue) for d in decisions if isinstance(d, Admit)) == [
+        ("ns/a", "cq"), ("team-b/b", "other"),
+    ]  # fmt: skip
+
+
+def test_naming_a_cluster_queue_directly_still_queues_there_with_one_deprecation_report() -> None:
+    """No LocalQueue of that name in the namespace, but a GPUClusterQueue: queued there, reported once
+    (an edit of the spec does not report it again)."""
+    c = controller()
+    c.on_task(gputask("t", "cq"))
+    first = reports(c)
+    edited = gputask("t", "cq")
+    edited["spec"]["gpuMemory"] = "8Gi"
+    edited["metadata"]["generation"] = 2
+    c.on_task(edited)
+    assert (where(c, "ns/t"), first, reports(c)) == (("cq", None, None), [("deprecated-queue", "ns/t", "cq")], [])
+
+
+def test_a_task_waits_outside_the_queues_until_its_local_queue_appears() -> None:
+    """GitOps order: the task before its LocalQueue. It waits with QueueNotFound (not Failed); the
+    LocalQueue's creation queues it in the GPUClusterQueue it names."""
+    c = controller()
+    c.on_task(gputask("t", "gpus"))
+    waiting = where(c, "ns/t")
+    blocked = reports(c)
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    assert (waiting, blocked, c.tasks["ns/t"].phase) == (
+        (None, None, ("QueueNotFound", "GPULocalQueue ns/gpus does not exist (nor a GPUClusterQueue 'gpus', "
+                                       "which a task may name directly until the next release)")),
+        [("blocked", "ns/t", "")],
+        PENDING,
+    )
+    assert (where(c, "ns/t"), [d.task.key for d in c.scheduler.cycle(time.time()) if isinstance(d, Admit)]) == (
+        ("cq", "gpus", None), ["ns/t"],
+    )  # fmt: skip
+
+
+def test_a_local_queue_of_a_missing_cluster_queue_queues_its_tasks_there_which_say_so() -> None:
+    """A LocalQueue pointing at a GPUClusterQueue not created yet: its tasks wait in the core with
+    QueueNotFound naming both; the GPUClusterQueue's creation lets them in."""
+    c = controller()
+    c.on_local_queue(local_queue("gpus", "ns", "later"))
+    c.on_task(gputask("t", "gpus"))
+    (pending,) = c.scheduler.cycle(time.time())
+    assert isinstance(pending, Pending)
+    assert (pending.reason, pending.message) == (
+        "QueueNotFound", "GPUClusterQueue 'later' (of GPULocalQueue ns/gpus) does not exist",
+    )  # fmt: skip
+    c.on_queue(cluster_queue("later"))
+    assert [d.task.queue for d in c.scheduler.cycle(time.time()) if isinstance(d, Admit)] == ["later"]
+
+
+def test_a_local_queue_being_deleted_or_invalid_admits_nothing_new() -> None:
+    """Terminating (its finalizer held by admitted tasks) or with a spec the schema should have refused:
+    its waiting tasks leave the queues with QueueInactive; its deletion makes them resolve again."""
+    c = controller()
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    c.on_local_queue(local_queue("bad", "ns", ""))
+    c.on_task(gputask("t", "gpus"))
+    c.on_task(gputask("u", "bad"))
+    c.on_local_queue(local_queue("gpus", "ns", "cq", deletionTimestamp="2026-12-01T10:00:00Z"))
+    deleting, invalid = where(c, "ns/t"), where(c, "ns/u")
+    c.on_local_queue(local_queue("gpus", "ns", "cq"), deleted=True)
+    assert (deleting, invalid, where(c, "ns/t"), [t.key for t in c.scheduler.pending]) == (
+        (None, None, ("QueueInactive", "GPULocalQueue ns/gpus is being deleted: it admits nothing new")),
+        (None, None, ("QueueInactive", "GPULocalQueue ns/bad is invalid: spec.clusterQueue must name a "
+                                       "GPUClusterQueue, got ''")),
+        (None, None, ("QueueNotFound", "GPULocalQueue ns/gpus does not exist (nor a GPUClusterQueue 'gpus', "
+                                       "which a task may name directly until the next release)")),
+        [],
+    )
+
+
+def test_a_placed_task_keeps_the_cluster_queue_it_was_admitted_in() -> None:
+    """A LocalQueue re-created to point elsewhere moves waiting tasks, not admitted ones; after a rebuild
+    an admitted task is put back in the GPUClusterQueue its status names."""
+    c = controller()
+    c.on_queue(cluster_queue("other"))
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    c.on_task(gputask("run", "gpus"))
+    c.on_task(gputask("wait", "gpus", memory="30Gi"))  # more than the A10 has: never placed
+    c.scheduler.cycle(time.time())
+    running = {e.task.key: e.task.queue for e in c.scheduler.running.values()}
+    c.on_local_queue(local_queue("gpus", "ns", "cq"), deleted=True)
+    c.on_local_queue(local_queue("gpus", "ns", "other"))
+    assert (running, {e.task.key: e.task.queue for e in c.scheduler.running.values()}, where(c, "ns/wait")) == (
+        {"ns/run": "cq"}, {"ns/run": "cq"}, ("other", "gpus", None),
+    )  # fmt: skip
+
+
+def test_the_index_forgets_deleted_tasks_and_kueue_mode_leaves_names_to_kueue() -> None:
+    """A deleted task is no longer re-resolved by a later LocalQueue event; in Kueue mode the name is
+    Kueue's LocalQueue and gputask resolves nothing."""
+    c = controller()
+    c.on_task(gputask("t", "gpus"))
+    c.on_task_deleted(gputask("t", "gpus"))
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    kueue = controller(Config(queueing="kueue"))
+    kueue.on_task(gputask("k", "gpus"))
+    assert (list(c.local_queues.asking("gpus")), "ns/t" in c.tasks, where(kueue, "ns/k")) == (
+        [], False, ("gpus", None, None),
+    )  # fmt: skip
