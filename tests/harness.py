@@ -104,7 +104,8 @@ class Cluster:
         namespace; no GPU resource: nothing admitted), so unless ``spec`` says otherwise the queue is open
         to every namespace with 1000 GPUs of quota: what tests that are not about quota mean by "a queue"."""
         spec.setdefault("namespaceSelector", {})
-        spec.setdefault("resources", [{"name": "nvidia.com/gpu", "nominalQuota": 1000}])
+        if "resourceGroups" not in spec:
+            spec.setdefault("resources", [{"name": "nvidia.com/gpu", "nominalQuota": 1000}])
         body = {
             "apiVersion": "gputask.io/v1alpha1",
             "kind": "GPUClusterQueue",

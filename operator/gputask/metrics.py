@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gputask.core import GPU, GPU_MEMORY, MILLI_PER_GPU, Scheduler
 from gputask.core.fit import Filter
+from gputask.core.flavors import split_key
 
 MIB = 1 << 20
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -52,6 +53,18 @@ class OperatorMetrics:
         )
         self.borrowed = Gauge(
             "gputask_queue_borrowed", "Quota used beyond nominalQuota (same units).", ["queue", "resource"], registry=r
+        )
+        self.flavor_usage = Gauge(
+            "gputask_queue_flavor_usage",
+            "Quota used per queue and ResourceFlavor (queues with resourceGroups; same units).",
+            ["queue", "flavor", "resource"],
+            registry=r,
+        )
+        self.flavor_borrowed = Gauge(
+            "gputask_queue_flavor_borrowed",
+            "Quota used beyond nominalQuota per queue and ResourceFlavor (same units).",
+            ["queue", "flavor", "resource"],
+            registry=r,
         )
         self.reserved = Gauge(
             "gputask_node_gpu_memory_reserved_bytes", "GPU memory reserved by gputask per node.", ["node"], registry=r
@@ -110,9 +123,17 @@ class OperatorMetrics:
             self.admitted.labels(queue).set(report["admitted"])  # type: ignore[arg-type]
             usage, borrowed = report["usage"], report["borrowed"]
             assert isinstance(usage, dict) and isinstance(borrowed, dict)
-            for resource in (GPU, GPU_MEMORY):
-                self.usage.labels(queue, resource).set(_base(resource, usage.get(resource, 0)))
-                self.borrowed.labels(queue, resource).set(_base(resource, borrowed.get(resource, 0)))
+            totals = {GPU: [0, 0], GPU_MEMORY: [0, 0]}  # over the queue's flavors: used, borrowed
+            for key, amount in usage.items():
+                resource, flavor = split_key(key)
+                totals[resource][0] += amount
+                totals[resource][1] += borrowed.get(key, 0)
+                if flavor:
+                    self.flavor_usage.labels(queue, flavor, resource).set(_base(resource, amount))
+                    self.flavor_borrowed.labels(queue, flavor, resource).set(_base(resource, borrowed.get(key, 0)))
+            for resource, (used, lent) in totals.items():
+                self.usage.labels(queue, resource).set(_base(resource, used))
+                self.borrowed.labels(queue, resource).set(_base(resource, lent))
         for state in scheduler.cluster.sorted_nodes():
             free = sum(state.free_mib(p) for p in range(len(state.node.gpus)))
             self.reserved.labels(state.name).set(sum(state.reserved_mib) * MIB)

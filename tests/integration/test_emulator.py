@@ -381,7 +381,8 @@ async def test_reactions_still_override_the_emulator(server: EmulatorServer, api
 
 async def test_kubeconfig_serves_the_kubernetes_client_and_kubectl(server: EmulatorServer, tmp_path: Path) -> None:
     """The written kubeconfig works for the kubernetes Python client and, if present, kubectl."""
-    names = ["gpuclusterqueues.gputask.io", "gpulocalqueues.gputask.io", "gpunodes.gputask.io", "gputasks.gputask.io"]
+    names = ["gpuclusterqueues.gputask.io", "gpulocalqueues.gputask.io", "gpunodes.gputask.io",
+             "gpuresourceflavors.gputask.io", "gputasks.gputask.io"]
     assert server.install_crds_from(REPO / "crds") == names
     config = server.write_kubeconfig(tmp_path / "kubeconfig")
 
@@ -473,7 +474,7 @@ async def test_crd_create_is_refused_as_the_api_server_refuses_it(server: Emulat
         "Invalid",
         f'CustomResourceDefinition.apiextensions.k8s.io "gputasks.gputask.io" is invalid: {field}: {why}',
         [{"reason": "FieldValueForbidden", "message": why, "field": field}],
-        [201, 201, 201, 201],
+        [201, 201, 201, 201, 201],
     )
 
 

@@ -60,6 +60,20 @@ async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: 
             return found if found == expected else None
 
         await eventually(settled)
+        flavors = {f"{t['metadata']['namespace']}/{t['metadata']['name']}": (t.get("status") or {}).get("flavor")
+                   for t in await cluster.client.list(GPUTASKS)}
+
+        async def summaries() -> dict[str, str] | None:
+            queues = await cluster.client.list(GPUCLUSTERQUEUES)
+            found = {q["metadata"]["name"]: (q.get("status") or {}).get("flavorsSummary") for q in queues}
+            admitted = {q["metadata"]["name"]: (q.get("status") or {}).get("admittedTasks") for q in queues}
+            return found if admitted == {"team-a": 1, "team-b": 2} else None
+
+        # rtx charges both RTX cards against 16Gi: multi-gpu's 2 x 6Gi is 750m, on the 8Gi card too
+        assert (flavors, await eventually(summaries)) == (
+            {"team-a/multi-gpu": "rtx", "team-a/too-big": None, "team-b/a10-only": "a10", "team-b/quarter-gpu": "rtx"},
+            {"team-a": "rtx 750m/1500m, a10 0/0", "team-b": "rtx 250m/500m, a10 417m/1"},
+        )
         before = await generations(cluster)
         for obj in load_manifests(first):  # what a GitOps tool does on every sync
             await apply(cluster.client, obj)

@@ -208,7 +208,8 @@ def test_an_empty_queue_spec_gets_kueue_defaults_and_fails_closed() -> None:
     spec = queue_from_manifest("q", None)
     assert spec == QueueSpec("q", namespace_selector=None, closed=True)
     assert spec.uncovered() == (
-        "GPUClusterQueue 'q' covers no GPU resource: list nvidia.com/gpu or gputask.io/gpu-memory in spec.resources"
+        "GPUClusterQueue 'q' covers no GPU resource: list nvidia.com/gpu or gputask.io/gpu-memory in spec.resources "
+        "or spec.resourceGroups"
     )
     assert queue_from_manifest("q", {"namespaceSelector": {}}).namespace_selector == LabelSelector()
     assert queue_from_manifest("q", None, open_defaults=True) == QueueSpec("q")

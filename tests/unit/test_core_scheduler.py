@@ -524,6 +524,6 @@ def test_a_queue_read_from_a_manifest_fails_closed() -> None:
             b,
             "Inadmissible",
             "GPUClusterQueue 'bare' covers no GPU resource: list nvidia.com/gpu or gputask.io/gpu-memory "
-            "in spec.resources",
+            "in spec.resources or spec.resourceGroups",
         ),
     ]

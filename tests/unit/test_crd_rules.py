@@ -66,7 +66,7 @@ def problems(definition: dict[str, Any]) -> list[str]:
 def test_the_projects_crds_pass_every_rule() -> None:
     """crds/ (and so the chart's copy) breaks no API-server rule, RE2 pattern, CEL rule or column path."""
     found = {kind: crdschema.api_server_problems(c) for kind, c in crdschema.load_crds(ROOT / "crds").items()}
-    assert found == {"GPUClusterQueue": [], "GPULocalQueue": [], "GPUNode": [], "GPUTask": []}
+    assert found == {"GPUClusterQueue": [], "GPULocalQueue": [], "GPUNode": [], "GPUResourceFlavor": [], "GPUTask": []}
 
 
 def test_root_metadata_may_only_constrain_name_and_generate_name() -> None:

@@ -51,7 +51,7 @@ def is_valid(manifest: dict[str, Any]) -> bool:
     return bool(VALIDATORS[manifest["kind"]].is_valid(manifest))
 
 
-def test_crd_files_define_the_four_kinds_as_v1alpha1_with_status_subresources() -> None:
+def test_crd_files_define_the_five_kinds_as_v1alpha1_with_status_subresources() -> None:
     """Each CRD is apiextensions v1, serves and stores v1alpha1, and has a status subresource."""
     summary = {
         kind: (
@@ -61,7 +61,7 @@ def test_crd_files_define_the_four_kinds_as_v1alpha1_with_status_subresources() 
             crd["spec"]["scope"],
             crd["spec"]["names"].get("shortNames"),
             crd["spec"]["names"].get("categories"),
-            [(v["name"], v["served"], v["storage"], v["subresources"]) for v in crd["spec"]["versions"]],
+            [(v["name"], v["served"], v["storage"], v.get("subresources")) for v in crd["spec"]["versions"]],
         )
         for kind, crd in CRDS.items()
     }
@@ -75,6 +75,8 @@ def test_crd_files_define_the_four_kinds_as_v1alpha1_with_status_subresources() 
                           "Namespaced", ["glq"], ["gputask"], version),
         "GPUNode": ("apiextensions.k8s.io/v1", "gpunodes.gputask.io", "gputask.io", "Cluster",
                     ["gn"], None, version),
+        "GPUResourceFlavor": ("apiextensions.k8s.io/v1", "gpuresourceflavors.gputask.io", "gputask.io", "Cluster",
+                              ["grf"], None, [("v1alpha1", True, True, None)]),  # no status: nothing to report
     }  # fmt: skip
 
 
@@ -84,7 +86,8 @@ def test_crd_schemas_describe_every_field() -> None:
     Whether the API server accepts the CRDs is tests/unit/test_crd_rules.py's question.
     """
     undocumented = {kind: crdschema.undocumented_fields(crdschema.openapi_schema(crd)) for kind, crd in CRDS.items()}
-    assert undocumented == {"GPUTask": [], "GPUClusterQueue": [], "GPULocalQueue": [], "GPUNode": []}
+    assert undocumented == {"GPUTask": [], "GPUClusterQueue": [], "GPULocalQueue": [], "GPUNode": [],
+                           "GPUResourceFlavor": []}
 
 
 def test_crd_defaults_validate_against_their_own_schema() -> None:

@@ -173,3 +173,51 @@ def test_the_index_forgets_deleted_tasks_and_kueue_mode_leaves_names_to_kueue() 
     assert (list(c.local_queues.asking("gpus")), "ns/t" in c.tasks, where(kueue, "ns/k")) == (
         [], False, ("gpus", None, None),
     )  # fmt: skip
+
+
+def test_a_local_queue_event_that_changes_nothing_it_resolves_to_re_resolves_nobody() -> None:
+    """Its own status and finalizer writes come back as events (new resourceVersion, same spec): they must
+    not requeue every task naming it (that was O(tasks) per write, O(tasks^2) in all)."""
+    c = controller()
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    for i in range(3):
+        c.on_task(gputask(f"t{i}", "gpus"))
+    requeued: list[str] = []
+    original = c.requeue
+    c.requeue = lambda record: (requeued.append(record.key), original(record))[1]  # type: ignore[method-assign]
+    written = local_queue("gpus", "ns", "cq", resourceVersion="7", finalizers=["gputask.io/queue-in-use"])
+    written["status"] = {"pendingTasks": 3}
+    c.on_local_queue(written)
+    quiet = list(requeued)
+    c.on_local_queue(local_queue("gpus", "ns", "cq", resourceVersion="8", deletionTimestamp="2026-12-01T10:00:00Z"))
+    assert (quiet, requeued) == ([], ["ns/t0", "ns/t1", "ns/t2"])
+
+
+def test_a_restarted_operator_does_not_warn_again_about_a_task_it_already_queued_directly() -> None:
+    """The deprecation Event goes with the first status naming the GPUClusterQueue; a task whose status
+    already names it (an earlier leader warned) is not warned again."""
+    c = controller()
+    seen = gputask("t", "cq")
+    seen["status"] = {"phase": "Pending", "queue": "cq"}
+    c.on_task(seen)
+    c.on_task(gputask("u", "cq"))
+    assert reports(c) == [("deprecated-queue", "ns/u", "cq")]
+
+
+def test_a_local_queue_re_created_elsewhere_counts_only_the_tasks_it_admits() -> None:
+    """A task admitted through gpus -> cq stays charged to cq; gpus re-created -> other does not count it
+    (nor hold its finalizer for it); the waiting task that moved is counted there."""
+    from gputask.k8s.queue_status import local_queue_statuses
+
+    c = controller()
+    c.on_queue(cluster_queue("other"))
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    c.on_task(gputask("run", "gpus"))
+    c.scheduler.cycle(time.time())
+    c.on_task(gputask("wait", "gpus", memory="30Gi"))
+    c.on_local_queue(local_queue("gpus", "ns", "cq"), deleted=True)
+    c.on_local_queue(local_queue("gpus", "ns", "other"))
+    status = local_queue_statuses(c)[("ns", "gpus")]
+    assert (status["pendingTasks"], status["admittedTasks"], status["usage"]) == (
+        1, 0, [{"name": "gputask.io/gpu-memory", "total": "0Mi"}, {"name": "nvidia.com/gpu", "total": "0m"}],
+    )  # fmt: skip

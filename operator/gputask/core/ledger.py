@@ -66,10 +66,11 @@ class Ledger:
             yield from self.by_queue.get(queue, {}).values()
 
     # -- making reservations -------------------------------------------------------------------
-    def usage(self, placement: Placement) -> Usage:
-        """What ``placement`` charges on its node's devices (milli-GPU, MiB)."""
+    def usage(self, placement: Placement, task: Task | None = None) -> Usage:
+        """What ``placement`` charges on its node's devices (milli-GPU, MiB), in ``task``'s flavor."""
         state = self.cluster.node(placement.node)
-        return usage_of(placement, {g.index: g.memory_mib for g in state.node.gpus})
+        memory = {g.index: g.memory_mib for g in state.node.gpus}
+        return usage_of(placement, memory, task.flavor, task.card_mib) if task else usage_of(placement, memory)
 
     def admit(self, task: Task, placement: Placement, now: float, *, charge: bool = True) -> Entry:
         """Reserve ``placement`` and charge the queue; raises OverCommitError when it does not fit."""
@@ -127,7 +128,7 @@ class Ledger:
     def _book(self, task: Task, placement: Placement, now: float, *, charge: bool, force: bool) -> Entry:
         self.version += 1
         self.cluster.reserve(task, placement, force=force)
-        usage = self.usage(placement) if charge else {}
+        usage = self.usage(placement, task) if charge else {}
         self.quotas.charge(task.queue, usage)
         return Entry(task, placement, usage, now, charged=charge)
 

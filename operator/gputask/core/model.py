@@ -132,6 +132,9 @@ class Task:
     is tolerated); ``namespace_labels`` feeds queues' namespaceSelector. A task is one pod.
     ``queue`` is the GPUClusterQueue that admits and charges it; ``local_queue`` the GPULocalQueue of
     the task's namespace it named, which resolved to ``queue`` (None: it named ``queue`` directly).
+    ``flavor`` is the ResourceFlavor it is tried or admitted in (``""``: the queue's implicit one),
+    ``card_mib`` that flavor's charging card size, ``unflavored`` the task before the flavor was
+    applied (:func:`gputask.core.flavors.variant`; None for a task not in a flavor).
     """
 
     key: TaskKey
@@ -146,6 +149,9 @@ class Task:
     ephemeral_mib: int = 0
     constraints: Constraints | None = None
     local_queue: str | None = None
+    flavor: str = ""
+    card_mib: int | None = None
+    unflavored: Task | None = None
 
     @property
     def fit_key(self) -> tuple[object, ...]:

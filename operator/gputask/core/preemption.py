@@ -326,7 +326,7 @@ class Planner:
         name = task.queue
 
         def check(state: NodeState, placement: Placement) -> str | None:
-            usage = usage_of(placement, {g.index: g.memory_mib for g in state.node.gpus})
+            usage = usage_of(placement, {g.index: g.memory_mib for g in state.node.gpus}, task.flavor, task.card_mib)
             refused = self.quotas.refuses(name, usage)
             if refused is None and not allow_borrowing:
                 refused = self.quotas.beyond_nominal(name, usage)
@@ -340,7 +340,7 @@ class Planner:
         req = task.request
         gpus = sorted((g for g in state.node.gpus if req.allows(g.product)), key=lambda g: -g.memory_mib)
         slots = tuple(GpuSlot(g.index, g.uuid, req.mib_on(g)) for g in gpus[: req.count])
-        return usage_of(Placement(state.name, slots), {g.index: g.memory_mib for g in gpus})
+        return usage_of(Placement(state.name, slots), {g.index: g.memory_mib for g in gpus}, task.flavor, task.card_mib)
 
 
 def _strategy(name: str, preemptor_new: float, victim_queue_old: float, victim_queue_new: float) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gputask.core.fit import Requirement
+from gputask.core.flavors import flavored, split_key
 from gputask.core.model import MILLI_PER_GPU, Placement
 
 GPU = "nvidia.com/gpu"
@@ -69,6 +70,8 @@ ReclaimWithinCohort = Literal["Never", "LowerPriority", "Any"]
 BorrowWithinCohort = Literal["Never", "LowerPriority"]
 QueueingStrategy = Literal["BestEffortFIFO", "StrictFIFO"]
 StopPolicy = Literal["None", "Hold", "HoldAndDrain"]
+WhenCanBorrow = Literal["Borrow", "TryNextFlavor"]
+WhenCanPreempt = Literal["Preempt", "TryNextFlavor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,25 +105,40 @@ class QueueSpec:
     fair_sharing_weight_milli: int | None = None
     stop_policy: StopPolicy = "None"
     closed: bool = False
+    flavors: tuple[str, ...] = ()
+    when_can_borrow: WhenCanBorrow = "Borrow"
+    when_can_preempt: WhenCanPreempt = "TryNextFlavor"
 
     def uncovered(self) -> str | None:
         """Why the queue can admit no task because it covers no GPU resource, else None."""
-        if not self.closed or any(r in self.quotas for r in RESOURCES):
+        if not self.closed or any(split_key(r)[0] in RESOURCES for r in self.quotas):
             return None
-        return f"GPUClusterQueue {self.name!r} covers no GPU resource: list {GPU} or {GPU_MEMORY} in spec.resources"
+        return (f"GPUClusterQueue {self.name!r} covers no GPU resource: list {GPU} or {GPU_MEMORY} in spec.resources "
+                "or spec.resourceGroups")
 
 
-def usage_of(placement: Placement, memory_of: Mapping[int, int]) -> Usage:
-    """Quota usage of a placement; ``memory_of`` maps GPU index to the device's MiB.
+def usage_of(
+    placement: Placement, memory_of: Mapping[int, int], flavor: str = "", card_mib: int | None = None
+) -> Usage:
+    """Quota usage of a placement in ``flavor`` (keys :func:`~gputask.core.flavors.flavored`);
+    ``memory_of`` maps GPU index to the device's MiB.
 
-    A GPU the node no longer reports (a restored placement on a vanished device) counts as a
+    Each device counts its reserved MiB over ``card_mib`` (the flavor's charging card size) when
+    given, else over its own memory, rounded up, at most one GPU; a device held whole counts one
+    GPU. A GPU the node no longer reports (a restored placement on a vanished device) counts as a
     whole GPU: restoring running work must never fail.
     """
-    milli = sum(
-        -(-s.memory_mib * MILLI_PER_GPU // memory_of[s.index]) if memory_of.get(s.index) else MILLI_PER_GPU
-        for s in placement.gpus
-    )
-    return {GPU: milli, GPU_MEMORY: sum(s.memory_mib for s in placement.gpus)}
+    milli = 0
+    for s in placement.gpus:
+        device = memory_of.get(s.index)
+        if not device or s.memory_mib >= device:
+            milli += MILLI_PER_GPU
+        else:
+            milli += min(MILLI_PER_GPU, -(-s.memory_mib * MILLI_PER_GPU // (card_mib or device)))
+    memory = sum(s.memory_mib for s in placement.gpus)
+    if flavor:
+        return {flavored(GPU, flavor): milli, flavored(GPU_MEMORY, flavor): memory}
+    return {GPU: milli, GPU_MEMORY: memory}
 
 
 def add_usage(into: Usage, delta: Mapping[str, int], sign: int = 1) -> None:
@@ -217,9 +235,8 @@ class QuotaBook:
         return max(0, guaranteed - used) + from_cohort
 
     def refuses(self, name: str, usage: Mapping[str, int]) -> str | None:
-        """The first resource for which ``usage`` does not fit queue ``name``, else None."""
-        for resource in RESOURCES:
-            amount = usage.get(resource, 0)
+        """The first resource (quota key) for which ``usage`` does not fit queue ``name``, else None."""
+        for resource, amount in usage.items():
             if amount == 0:
                 continue
             free = self.available(name, resource)
@@ -252,8 +269,8 @@ class QuotaBook:
         if spec is None:
             return None
         used = self.usage.get(name, {})
-        for resource in RESOURCES:
-            quota, amount = spec.quotas.get(resource), usage.get(resource, 0)
+        for resource, amount in usage.items():
+            quota = spec.quotas.get(resource)
             if quota is not None and amount > 0 and used.get(resource, 0) + amount > quota.nominal:
                 return resource
         return None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.fit import Filter, Refusal, static_refusal
+from gputask.core.flavors import describe_key, flavored, split_key
 from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
 from gputask.core.placement import Outcome, feasible_gpus
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
@@ -65,7 +66,7 @@ WAITING_FOR_HEAD = Reason.STRICT_FIFO_BLOCKED
 
 
 def _unit(resource: str) -> str:
-    return "milli-GPU" if resource == GPU else "MiB"
+    return "milli-GPU" if split_key(resource)[0] == GPU else "MiB"
 
 
 def need_text(task: Task) -> str:
@@ -106,7 +107,8 @@ def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
         milli = -(-req.memory_mib * MILLI_PER_GPU // largest_gpu_mib)
     else:
         milli = 1
-    return {GPU: req.count * milli, GPU_MEMORY: req.count * req.memory_mib if req.memory_mib is not None else 0}
+    memory = req.count * req.memory_mib if req.memory_mib is not None else 0
+    return {flavored(GPU, task.flavor): req.count * milli, flavored(GPU_MEMORY, task.flavor): memory}
 
 
 def never_fits_queue(task: Task, quotas: QuotaBook) -> Wait | None:
@@ -116,7 +118,7 @@ def never_fits_queue(task: Task, quotas: QuotaBook) -> Wait | None:
         if ceiling is not None and amount > ceiling:
             return Wait(
                 INADMISSIBLE,
-                f"needs at least {amount} {_unit(resource)} of {resource}; GPUClusterQueue "
+                f"needs at least {amount} {_unit(resource)} of {describe_key(resource)}; GPUClusterQueue "
                 f"{task.queue!r} can never hold more than {ceiling}",
             )
     return None
@@ -131,7 +133,7 @@ def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterSta
         free = quotas.available(task.queue, outcome.quota_resource)
         return Wait(
             QUOTA_EXCEEDED,
-            f"quota of {outcome.quota_resource} in GPUClusterQueue {task.queue!r} has "
+            f"quota of {describe_key(outcome.quota_resource)} in GPUClusterQueue {task.queue!r} has "
             f"{free} {_unit(outcome.quota_resource)} left",
         )
     index = cluster.index()
@@ -258,13 +260,24 @@ def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:
     names = sorted(set(quotas.specs) | set(pending) | set(admitted))
     return {
         n: {
-            "usage": {r: quotas.usage.get(n, {}).get(r, 0) for r in (GPU, GPU_MEMORY)},
+            "usage": _usage_keys(quotas, n),
             "borrowed": quotas.borrowed(n),
             "pending": pending.get(n, 0),
             "admitted": admitted.get(n, 0),
         }
         for n in names
     }
+
+
+def _usage_keys(quotas: QuotaBook, name: str) -> dict[str, int]:
+    """Usage of queue ``name`` by quota key: both GPU resources of each of its flavors (the bare names for
+    the implicit flavor), plus whatever it still uses of flavors it no longer lists."""
+    spec = quotas.specs.get(name)
+    used = quotas.usage.get(name, {})
+    flavors = spec.flavors if spec is not None and spec.flavors else ("",)
+    out = {flavored(r, f): used.get(flavored(r, f), 0) for f in flavors for r in (GPU, GPU_MEMORY)}
+    out.update({k: v for k, v in used.items() if v and k not in out})
+    return out
 
 
 def violations(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.failures import MAX_RESCHEDULES_EXCEEDED, FailureNotice
+from gputask.core.flavors import Flavor, holds, ineligible, variant
 from gputask.core.health import NodeHealth
 from gputask.core.ledger import Entry, Ledger
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
@@ -153,6 +154,8 @@ class Scheduler:
         self.deferred: dict[TaskKey, tuple[float, str, str]] = {}  # backoff: until (s), reason, message
         self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
+        self.flavors: dict[str, Flavor] = {}  # GPUResourceFlavors by name
+        self.invalid_flavors: dict[str, str] = {}  # flavors that exist with an unreadable spec: name -> why
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         self._departures = itertools.count(1)  # names the holds of evicted workloads
         # preemptions that found no plan, by (queue, shape, priority): the world then, the oldest task tried
@@ -175,6 +178,20 @@ class Scheduler:
         """Add or update a GPUClusterQueue."""
         self.quotas.set_queue(spec)
         self.inactive.pop(spec.name, None)
+
+    def set_flavor(self, flavor: Flavor) -> None:
+        """Add or update a ResourceFlavor (what each queue's quota of that flavor covers)."""
+        self.flavors[flavor.name] = flavor
+        self.invalid_flavors.pop(flavor.name, None)
+
+    def remove_flavor(self, name: str, *, invalid: str | None = None) -> None:
+        """Forget a ResourceFlavor: queues that list it admit nothing until it is back (Kueue: FlavorNotFound),
+        saying it is ``invalid`` (why) when it exists with a spec that cannot be read."""
+        self.flavors.pop(name, None)
+        if invalid is None:
+            self.invalid_flavors.pop(name, None)
+        else:
+            self.invalid_flavors[name] = invalid
 
     def remove_queue(self, name: str, *, invalid: str | None = None) -> None:
         """Remove a queue; its pending tasks wait with reason QueueNotFound, or QueueInactive
@@ -224,6 +241,7 @@ class Scheduler:
         if task.key in self.ledger.running:
             return True
         self.pending.discard(task.key)
+        task = self._flavor_of(task, placement)
         self.ledger.restore(task, placement, admitted_at, charge=charge)
         self.health.restored(task.key, placement)
         if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
@@ -292,7 +310,7 @@ class Scheduler:
         entry = self.ledger.get(key)
         if entry is None:
             return None
-        revised = self.revisions.get(key, entry.task)
+        revised = self.revisions.get(key, entry.task.unflavored or entry.task)
         self.finish(key)
         if revised is not None:
             self.pending.push(revised)
@@ -455,6 +473,9 @@ class Scheduler:
         spec = self.quotas.specs.get(task.queue)
         if spec is None or spec.cohort is None:
             return (False, 0.0, order_key(task))
+        if spec.flavors:  # Kueue keys the head on its first flavor's assignment
+            tried = self._variants(task, spec)
+            task = tried[0] if tried else task
         least = self._min_usage(task)
         borrows = self.quotas.beyond_nominal(task.queue, least) is not None
         share = self.quotas.share(task.queue, least) if self.quotas.fair_sharing(task.queue) else 0.0
@@ -470,6 +491,36 @@ class Scheduler:
         if gate is not None:
             return [gate]
         spec = self.quotas.specs[task.queue]
+        if not spec.flavors:
+            placed, known = self._place(task, memo)
+            if placed is not None:
+                return [self._admit(task, placed, now)]
+            return self._preempt_or_wait(task, spec, [(task, known)], memo, now)
+        tried: list[tuple[Task, Wait]] = []
+        borrowing: tuple[Task, Placement] | None = None
+        for flavored_task in self._variants(task, spec):
+            placed, known = self._place(flavored_task, memo)
+            if placed is not None:
+                usage = self.ledger.usage(placed, flavored_task)
+                if spec.when_can_borrow == "Borrow" or self.quotas.beyond_nominal(task.queue, usage) is None:
+                    return [self._admit(flavored_task, placed, now)]
+                borrowing = borrowing or (flavored_task, placed)  # TryNextFlavor: one that needs no borrowing?
+                continue
+            tried.append((flavored_task, known))
+            if spec.when_can_preempt == "Preempt" and borrowing is None:
+                preempted = self._preempt_in(flavored_task, known, spec, memo, now)
+                if preempted:
+                    return preempted
+        if borrowing is not None:
+            return [self._admit(*borrowing, now)]
+        if not tried:
+            why = "; ".join(f"{n}: {self._ineligible(task, n)}" for n in spec.flavors)
+            message = f"no flavor of GPUClusterQueue {task.queue!r} can hold it ({why})"
+            return [Pending(task, Reason.INADMISSIBLE, message)]
+        return self._preempt_or_wait(task, spec, tried, memo, now, preempted_already=spec.when_can_preempt == "Preempt")
+
+    def _place(self, task: Task, memo: _CycleMemo) -> tuple[Placement | None, Wait]:
+        """A placement of ``task`` within its queue's quota now, else why not (remembered per shape)."""
         shape = (task.queue, task.fit_key)
         known = memo.outcomes.get(shape)
         if known is None:
@@ -477,22 +528,77 @@ class Scheduler:
             floor = self.quotas.refuses(task.queue, self._min_usage(task)) is not None
             outcome = find_placement(self.cluster, task, self.policy, quota=quota, refused_anyway=floor)
             if outcome.placement is not None:
-                return [self._admit(task, outcome.placement, now)]
+                return outcome.placement, Wait("", "")
             known = never_fits_queue(task, self.quotas) or explain(task, outcome, self.quotas, self.cluster)
             memo.outcomes[shape] = known
-        # Tasks come in priority order, then creation order: if preemption failed for this shape
-        # at this priority, it fails for every later task of the same shape and priority.
-        attempt = (shape, task.priority)
-        if known.reason is not Reason.INADMISSIBLE and any_preemption(spec) and attempt not in memo.preemption_failed:
-            if not self._failed_before(attempt, task):
-                preempted = self._preempt(task, now)
+        return None, known
+
+    def _preempt_in(self, task: Task, known: Wait, spec: QueueSpec, memo: _CycleMemo, now: float) -> list[Decision]:
+        """Plan a preemption for ``task`` (in its flavor), unless it cannot help; [] when none is found.
+
+        Tasks come in priority order, then creation order: if preemption failed for this shape at this
+        priority, it fails for every later task of the same shape and priority."""
+        attempt = ((task.queue, task.fit_key), task.priority)
+        if known.reason is Reason.INADMISSIBLE or not any_preemption(spec) or attempt in memo.preemption_failed:
+            return []
+        if not self._failed_before(attempt, task):
+            preempted = self._preempt(task, now)
+            if preempted:
+                return preempted
+            self._remember_failed(attempt, task)
+        memo.preemption_failed.add(attempt)
+        return []
+
+    def _preempt_or_wait(
+        self,
+        task: Task,
+        spec: QueueSpec,
+        tried: list[tuple[Task, Wait]],
+        memo: _CycleMemo,
+        now: float,
+        *,
+        preempted_already: bool = False,
+    ) -> list[Decision]:
+        """Preempt in the first flavor where a plan is found (Kueue's whenCanPreempt TryNextFlavor: after
+        every flavor was tried without), else wait with the first flavor's reason."""
+        if not preempted_already:
+            for flavored_task, known in tried:
+                preempted = self._preempt_in(flavored_task, known, spec, memo, now)
                 if preempted:
                     return preempted
-                self._remember_failed(attempt, task)
-            memo.preemption_failed.add(attempt)
+        known = tried[0][1]
+        if len(tried) > 1:
+            reasons = {k.reason for _, k in tried}
+            if Reason.INADMISSIBLE in reasons and len(reasons) > 1:
+                known = next(k for _, k in tried if k.reason is not Reason.INADMISSIBLE)
+            known = Wait(known.reason, "; ".join(f"flavor {t.flavor}: {k.message}" for t, k in tried), known.filters)
         if spec.strategy == "StrictFIFO" and known.reason is not Reason.INADMISSIBLE:  # the never-fitting block nobody
             memo.blocked_queues.add(task.queue)
         return [Pending(task, known.reason, known.message, filters=known.filters)]
+
+    def _variants(self, task: Task, spec: QueueSpec) -> list[Task]:
+        """``task`` in each flavor of ``spec`` it may use, in the queue's order (:mod:`gputask.core.flavors`)."""
+        base = task.unflavored or task
+        return [
+            variant(base, self.flavors[name])
+            for name in spec.flavors
+            if name in self.flavors and ineligible(base, self.flavors[name]) is None
+        ]
+
+    def _ineligible(self, task: Task, name: str) -> str:
+        flavor = self.flavors.get(name)
+        return "does not exist" if flavor is None else (ineligible(task, flavor) or "eligible")
+
+    def _flavor_of(self, task: Task, placement: Placement) -> Task:
+        """A restored task in the flavor of its queue that holds its placement (the first that does; the
+        queue's first flavor when none does any more): it is charged there, as when it was admitted."""
+        spec = self.quotas.specs.get(task.queue)
+        if spec is None or not spec.flavors or not self.cluster.has_node(placement.node):
+            return task
+        node = self.cluster.node(placement.node).node
+        known = [self.flavors[n] for n in spec.flavors if n in self.flavors]
+        chosen = next((f for f in known if holds(f, node, placement)), known[0] if known else None)
+        return variant(task, chosen) if chosen is not None else task
 
     def _queue_gate(self, task: Task, memo: _CycleMemo) -> Pending | None:
         spec = self.quotas.specs.get(task.queue)
@@ -504,6 +610,11 @@ class Scheduler:
             return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r}{of} does not exist")
         if spec.stop_policy != "None":
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
+        missing = [n for n in spec.flavors if n not in self.flavors]
+        if missing:  # Kueue: the ClusterQueue is inactive, FlavorNotFound
+            why = "; ".join(f"{n} is invalid: {self.invalid_flavors[n]}" if n in self.invalid_flavors
+                            else f"{n} does not exist" for n in missing)
+            return Pending(task, QUEUE_INACTIVE, f"GPUClusterQueue {task.queue!r} is inactive: GPUResourceFlavor {why}")
         uncovered = spec.uncovered()
         if uncovered is not None:
             return Pending(task, Reason.INADMISSIBLE, uncovered)
@@ -521,7 +632,7 @@ class Scheduler:
         name = task.queue
 
         def check(state: NodeState, placement: Placement) -> str | None:
-            return self.quotas.refuses(name, usage_of(placement, _memory_by_index(state)))
+            return self.quotas.refuses(name, usage_of(placement, _memory_by_index(state), task.flavor, task.card_mib))
 
         return check
 

@@ -94,6 +94,7 @@ class Resource:
 GPUTASKS = Resource("gputask.io", "v1alpha1", "gputasks")
 GPUCLUSTERQUEUES = Resource("gputask.io", "v1alpha1", "gpuclusterqueues", namespaced=False)
 GPULOCALQUEUES = Resource("gputask.io", "v1alpha1", "gpulocalqueues")
+GPURESOURCEFLAVORS = Resource("gputask.io", "v1alpha1", "gpuresourceflavors", namespaced=False)
 GPUNODES = Resource("gputask.io", "v1alpha1", "gpunodes", namespaced=False)
 JOBS = Resource("batch", "v1", "jobs")
 EVENTS = Resource("", "v1", "events")

@@ -380,7 +380,8 @@ class Controller:
         found = lqs.resolve(record.namespace, task.queue, self.inventory.queue_meta)
         if found.cluster_queue is None:
             raise InvalidTaskError(found.reason, found.message)
-        if found.local_queue is None and record.key not in lqs.warned:
+        published = (record.obj.get("status") or {}).get("queue")  # an earlier leader queued it there, and warned
+        if found.local_queue is None and record.key not in lqs.warned and published != found.cluster_queue:
             lqs.warned.add(record.key)
             self.outbox.append(Report("deprecated-queue", record, task.queue))
         return replace(task, queue=found.cluster_queue, local_queue=found.local_queue)
@@ -520,7 +521,10 @@ class Controller:
         """Put a placed task back in the books; one that over-commits a GPU with what came before it
         (two Jobs on one GPU's memory) is evicted: the earlier Job keeps the GPU."""
         assert record.task is not None and record.placement is not None
-        if not self.scheduler.restore(record.task, record.placement, time.time()):
+        restored = self.scheduler.restore(record.task, record.placement, time.time())
+        entry = self.scheduler.ledger.get(record.key)
+        record.flavor = entry.task.flavor if entry is not None else ""
+        if not restored:
             node = record.placement.node
             message = f"Job {record.job_name} shares a GPU of {node} with an earlier Job beyond its memory"
             self.scheduler.evict(record.key, PLACEMENT_CONFLICT, message)
@@ -553,7 +557,7 @@ class Controller:
         """Start over from listed objects, in dependency order.
 
         ``objects`` maps kinds (priorityclasses, workloadpriorityclasses, namespaces, nodes,
-        gpunodes, queues, localqueues, jobs, tasks) to lists of object dicts.
+        gpunodes, flavors, queues, localqueues, jobs, tasks) to lists of object dicts.
         """
         self.reset()
         self._restoring = []
@@ -569,6 +573,8 @@ class Controller:
             inv.on_gpunode(obj, now)
         for obj in objects.get("nodes", ()):
             inv.on_node(obj, now)
+        for obj in objects.get("flavors", ()):
+            inv.on_flavor(obj)
         for obj in objects.get("queues", ()):
             inv.on_queue(obj)
         for obj in objects.get("localqueues", ()):

@@ -110,12 +110,14 @@ class Executor:
         if record is None or record.deleting:
             scheduler.finish(key)
             return
-        if record.revision is not None and record.revision[0] is decision.task:
+        if record.revision is not None and record.revision[0] is (decision.task.unflavored or decision.task):
             record.task, record.generation = record.revision  # admitted as edited: the status says so
             record.revision = None
         attempt = record.attempt + 1
+        flavor = scheduler.flavors.get(decision.task.flavor) if decision.task.flavor else None
         try:
-            job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue)
+            job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue,
+                            flavor=decision.task.flavor, tolerations=flavor.tolerations if flavor else ())
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # conversion should have refused it
             log.error("building the Job of %s failed: %r", key, exc)
             await self._rejected(record, f"the pod template cannot be made into a Job: {exc!r}")
@@ -136,9 +138,10 @@ class Executor:
             return
         if attempt == 1 and decision.task.created:
             self.metrics.latency.observe(max(0.0, time.time() - decision.task.created))
-        message = f"Admitted by GPUClusterQueue {decision.task.queue!r} on {describe(placement)}"
-        quota = f"quota reserved in {decision.task.queue!r}"
-        record.attempt = attempt
+        in_flavor = f" (flavor {decision.task.flavor})" if decision.task.flavor else ""
+        message = f"Admitted by GPUClusterQueue {decision.task.queue!r}{in_flavor} on {describe(placement)}"
+        quota = f"quota reserved in {decision.task.queue!r}{in_flavor}"
+        record.attempt, record.flavor = attempt, decision.task.flavor
         self.controller.started(record, time.time())
         await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
                                         message=message)

@@ -28,6 +28,7 @@ from gputask.k8s.client import (
     GPUCLUSTERQUEUES,
     GPULOCALQUEUES,
     GPUNODES,
+    GPURESOURCEFLAVORS,
     GPUTASKS,
     JOBS,
     NAMESPACES,
@@ -62,6 +63,7 @@ REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "namespaces": (NAMESPACES, None),
     "nodes": (NODES, None),
     "gpunodes": (GPUNODES, None),
+    "flavors": (GPURESOURCEFLAVORS, None),
     "queues": (GPUCLUSTERQUEUES, None),
     "localqueues": (GPULOCALQUEUES, None),
     "jobs": (JOBS, "gputask.io/task"),
@@ -299,6 +301,7 @@ class Operator:
             (("v1", "nodes"), self._track("on_node", timed=True)),
             (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpulocalqueues"), self._track("on_local_queue", on="controller")),
+            (("gputask.io", "v1alpha1", "gpuresourceflavors"), self._track("on_flavor")),
             (("v1", "namespaces"), self._track("on_namespace")),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)

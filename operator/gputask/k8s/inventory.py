@@ -88,6 +88,7 @@ class Inventory:
         self.gpunodes: dict[str, Mapping[str, Any]] = {}
         self.stale: set[str] = set()
         self.queue_errors: dict[str, str] = {}
+        self.flavor_errors: dict[str, str] = {}  # GPUResourceFlavors whose spec is invalid: name -> why
         # GPUClusterQueues as last seen: finalizers, resourceVersion, whether being deleted (finalizer upkeep)
         self.queue_meta: dict[str, QueueMeta] = {}
         self.gpunode_errors: dict[str, list[str]] = {}
@@ -310,6 +311,27 @@ class Inventory:
             return
         self.queue_errors.pop(name, None)
         self.scheduler.set_queue(spec)
+
+
+    # -- flavors ---------------------------------------------------------------------------
+    def on_flavor(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """Add, update or remove a GPUResourceFlavor; an invalid spec removes it with an error (the
+        queues that list it say so)."""
+        name = _name(obj)
+        if name is None:
+            return
+        if deleted:
+            self.flavor_errors.pop(name, None)
+            self.scheduler.remove_flavor(name)
+            return
+        try:
+            flavor = convert.flavor_from_manifest(name, obj.get("spec"))
+        except (InvalidQueueError, ValueError) as exc:
+            self.flavor_errors[name] = str(exc)
+            self.scheduler.remove_flavor(name, invalid=str(exc))
+            return
+        self.flavor_errors.pop(name, None)
+        self.scheduler.set_flavor(flavor)
 
 
 TERMINATING = "it is being deleted, and waits for its admitted tasks to finish (its finalizer stays until then)"

@@ -13,14 +13,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gputask.core import GpuSlot, NodeName, Placement
+from gputask.core.fit import Toleration
 
 API_VERSION = "gputask.io/v1alpha1"
 TASK_LABEL = "gputask.io/task"
 QUEUE_LABEL = "gputask.io/queue"
+FLAVOR_LABEL = "gputask.io/flavor"
 PLACEMENT_ANNOTATION = "gputask.io/placement"
 ATTEMPT_ANNOTATION = "gputask.io/attempt"
 TASK_UID_ANNOTATION = "gputask.io/task-uid"
@@ -108,20 +110,36 @@ def build_job(
     *,
     attempt: int,
     queue: str,
+    flavor: str = "",
+    tolerations: Iterable[Toleration] = (),
 ) -> dict[str, Any]:
-    """The Job for ``task_obj`` (a GPUTask dict with metadata.uid) admitted with ``placement``.
+    """The Job for ``task_obj`` (a GPUTask dict with metadata.uid) admitted with ``placement``, in the
+    ResourceFlavor ``flavor`` (label ``gputask.io/flavor``) whose ``tolerations`` its pods get (Kueue
+    adds a flavor's tolerations to the pods it admits in it).
 
     Raises KeyError when the task has no name, namespace or uid (the caller converts first).
     """
     annotation = placement_annotation(placement)
     job = job_shell(task_obj, attempt=attempt, queue=queue, annotations={PLACEMENT_ANNOTATION: annotation})
+    if flavor:
+        job["metadata"]["labels"][FLAVOR_LABEL] = fit_name(flavor)
     template = job["spec"]["template"]
+    added = [_toleration(t) for t in tolerations]
+    if added:
+        own = template["spec"].get("tolerations") or []
+        template["spec"]["tolerations"] = [*own, *(t for t in added if t not in own)]
     template["metadata"]["annotations"] = {
         **(template["metadata"].get("annotations") or {}),
         PLACEMENT_ANNOTATION: annotation,
     }
     _pin_pod_spec(template["spec"], placement.node, ",".join(g.uuid for g in placement.gpus))
     return job
+
+
+def _toleration(t: Toleration) -> dict[str, str]:
+    """A core/v1 Toleration dict (empty fields left out, as the API server prints them)."""
+    raw = {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect}
+    return {k: v for k, v in raw.items() if v}
 
 
 def job_shell(

@@ -61,18 +61,21 @@ class LocalQueues:
         self.warned: set[TaskKey] = set()  # tasks told (by Event) that naming a GPUClusterQueue is deprecated
 
     def on_local_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> tuple[str, str] | None:
-        """Take a GPULocalQueue event; returns its (namespace, name), None for an object without a name."""
+        """Take a GPULocalQueue event; returns its (namespace, name) when where its name leads changed
+        (created, deleted, pointed elsewhere, made invalid or valid, being deleted), else None: its own
+        status and finalizer writes come back as events and must not re-resolve every task naming it."""
         meta = obj.get("metadata")
         if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
             return None
         where = (str(meta.get("namespace") or "default"), meta["name"])
+        old = self.queues.get(where)
         if deleted:
             self.queues.pop(where, None)
-            return where
+            return where if old is not None else None
         spec = obj.get("spec")
         target = spec.get("clusterQueue") if isinstance(spec, Mapping) else None
         ok = isinstance(target, str) and target != ""
-        self.queues[where] = LocalQueue(
+        new = self.queues[where] = LocalQueue(
             namespace=where[0],
             name=where[1],
             cluster_queue=target if ok else None,
@@ -81,6 +84,10 @@ class LocalQueues:
             resource_version=str(meta.get("resourceVersion") or ""),
             terminating=bool(meta.get("deletionTimestamp")),
         )
+        if old is not None and (old.cluster_queue, old.error, old.terminating) == (
+            new.cluster_queue, new.error, new.terminating,
+        ):
+            return None
         return where
 
     def resolve(self, namespace: str, name: str, cluster_queues: Container[str]) -> Resolution:
@@ -128,9 +135,13 @@ class LocalQueues:
             if namespace is None or key.rpartition("/")[0] == namespace:
                 yield key
 
-    def usage_keys(self) -> Iterator[tuple[str, str]]:
-        """(namespace, name) of every GPULocalQueue, sorted."""
-        return iter(sorted(self.queues))
+    def serves(self, task_queue: str, namespace: str, local_queue: str | None) -> LocalQueue | None:
+        """The GPULocalQueue ``namespace/local_queue`` when it leads to GPUClusterQueue ``task_queue`` (a task
+        admitted through an earlier queue of that name, pointing elsewhere, is not this one's)."""
+        if not local_queue:
+            return None
+        found = self.queues.get((namespace, local_queue))
+        return found if found is not None and found.cluster_queue == task_queue else None
 
 
 def deprecation_message(namespace: str, name: str) -> str:

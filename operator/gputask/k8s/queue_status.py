@@ -10,11 +10,13 @@ waits for the watch to bring a newer version), so neither costs a write per pass
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gputask.core import Task
-from gputask.core.quota import GPU, GPU_MEMORY
+from gputask.core.flavors import flavored, split_key
+from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec
+from gputask.core.reasons import Reason
 from gputask.k8s.client import GPUCLUSTERQUEUES, GPULOCALQUEUES, ApiError, Conflict, NotFound, Resource
 from gputask.k8s.controller import Controller
 from gputask.k8s.inventory import QUEUE_FINALIZER
@@ -41,8 +43,12 @@ class QueueUpkeep:
     async def keep_finalizers(self) -> None:
         """Every GPUClusterQueue and GPULocalQueue carries :data:`QUEUE_FINALIZER`; one being deleted keeps
         it until none of its tasks is admitted (running or nominated), then it goes."""
-        admitted = {(None, t.queue) for t in admitted_tasks(self.controller)}
-        admitted |= {(t.namespace, t.local_queue) for t in admitted_tasks(self.controller) if t.local_queue}
+        lqs = self.controller.local_queues
+        admitted: set[QueueId] = set()
+        for t in admitted_tasks(self.controller):
+            admitted.add((None, t.queue))
+            if lqs.serves(t.queue, t.namespace, t.local_queue) is not None:
+                admitted.add((t.namespace, str(t.local_queue)))
         queues: list[tuple[Resource, QueueId, tuple[str, ...], str, bool]] = [
             (GPUCLUSTERQUEUES, (None, name), m.finalizers, m.resource_version, m.terminating)
             for name, m in sorted(self.controller.inventory.queue_meta.items())
@@ -76,6 +82,8 @@ class QueueUpkeep:
         """Patch each queue's status when its counts, usage or condition changed since the last write."""
         statuses: dict[QueueId, dict[str, Any]] = {(None, n): s for n, s in queue_statuses(self.controller).items()}
         statuses.update(local_queue_statuses(self.controller))
+        for gone in set(self._reports) - set(statuses):  # deleted: a queue re-created by that name is written anew
+            del self._reports[gone]
         for qid, status in statuses.items():
             seen = {**status, "conditions": [{**c, "lastTransitionTime": ""} for c in status["conditions"]]}
             if self._reports.get(qid) == seen:
@@ -112,15 +120,47 @@ def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
         out[name] = {
             "pendingTasks": report["pending"],
             "admittedTasks": report["admitted"],
-            "usage": [
-                {"name": r, "total": _quantity(r, usage.get(r, 0)), "borrowed": _quantity(r, borrowed.get(r, 0))}
-                for r in sorted(usage)
-            ],
             "conditions": [_active(inventory.queue_errors.get(name))],
+            **_usage_status(controller.scheduler.quotas.specs.get(name), usage, borrowed),
         }
     for name, error in inventory.queue_errors.items():
         out.setdefault(name, {"conditions": [_active(error)]})
     return out
+
+
+def _usage_status(spec: QueueSpec | None, usage: Mapping[str, int], borrowed: Mapping[str, int]) -> dict[str, Any]:
+    """``usage`` (per resource, summed over flavors) and, for a queue with resourceGroups, ``flavorsUsage``
+    (Kueue's per-flavor list) and ``flavorsSummary`` (GPUs used / nominal per flavor, for kubectl get)."""
+    totals: dict[str, list[int]] = {}
+    flavors: dict[str, dict[str, tuple[int, int]]] = {}
+    for key, amount in usage.items():
+        resource, flavor = split_key(key)
+        total = totals.setdefault(resource, [0, 0])
+        total[0] += amount
+        total[1] += borrowed.get(key, 0)
+        if flavor:
+            flavors.setdefault(flavor, {})[resource] = (amount, borrowed.get(key, 0))
+    out: dict[str, Any] = {"usage": [
+        {"name": r, "total": _quantity(r, t[0]), "borrowed": _quantity(r, t[1])} for r, t in sorted(totals.items())
+    ]}
+    if spec is not None and spec.flavors:
+        order = list(spec.flavors) + sorted(set(flavors) - set(spec.flavors))
+        out["flavorsUsage"] = [
+            {"name": f, "resources": [{"name": r, "total": _quantity(r, u), "borrowed": _quantity(r, b)}
+                                      for r, (u, b) in sorted(flavors.get(f, {}).items())]}
+            for f in order
+        ]
+        out["flavorsSummary"] = ", ".join(
+            f"{f} {_gpus(flavors.get(f, {}).get(GPU, (0, 0))[0])}/"
+            + (_gpus(spec.quotas[flavored(GPU, f)].nominal) if flavored(GPU, f) in spec.quotas else "-")
+            for f in order
+        )
+    return out
+
+
+def _gpus(milli: int) -> str:
+    """Milli-GPU as kubectl would print the quantity: ``2`` or ``1500m``."""
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
 
 
 def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]]:
@@ -129,24 +169,31 @@ def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]
 
     Counts one pass over the pending and admitted tasks, and only when some GPULocalQueue exists.
     """
-    lqs = controller.local_queues.queues
+    index = controller.local_queues
+    lqs = index.queues
     if not lqs:
         return {}
     pending: dict[tuple[str, str], int] = {}
     for task in controller.scheduler.pending:
-        if task.local_queue:
-            where = (task.namespace, task.local_queue)
+        if index.serves(task.queue, task.namespace, task.local_queue) is not None:
+            where = (task.namespace, str(task.local_queue))
             pending[where] = pending.get(where, 0) + 1
+    for where in lqs:  # tasks it keeps waiting outside the queues (it is being deleted, or invalid)
+        for key in index.asking(where[1], where[0]):
+            record = controller.tasks.get(key)
+            if record is not None and record.blocked is not None and record.blocked[0] == Reason.QUEUE_INACTIVE:
+                pending[where] = pending.get(where, 0) + 1
     admitted: dict[tuple[str, str], int] = {}
     usage: dict[tuple[str, str], dict[str, int]] = {}
     scheduler = controller.scheduler
     for entries in (scheduler.running.values(), scheduler.nominated.values()):
         for entry in entries:
-            if entry.task.local_queue:
-                where = (entry.task.namespace, entry.task.local_queue)
+            if index.serves(entry.task.queue, entry.task.namespace, entry.task.local_queue) is not None:
+                where = (entry.task.namespace, str(entry.task.local_queue))
                 admitted[where] = admitted.get(where, 0) + 1
                 used = usage.setdefault(where, {GPU: 0, GPU_MEMORY: 0})
-                for resource, amount in entry.usage.items():
+                for key, amount in entry.usage.items():
+                    resource = split_key(key)[0]
                     used[resource] = used.get(resource, 0) + amount
     queues = controller.scheduler.quotas.specs
     out: dict[QueueId, dict[str, Any]] = {}

@@ -89,6 +89,7 @@ class TaskRecord:
     revision: tuple[Task, int] | None = None  # the spec edited while placed: applies at the next admission
     revision_error: tuple[str, str] | None = None  # that edit is invalid: the task fails when requeued
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    flavor: str = ""  # the ResourceFlavor of its current admission ("" for a queue without resourceGroups)
 
     @property
     def namespace(self) -> str:
@@ -271,6 +272,7 @@ class Transitions:
             "priority": record.task.priority if record.task is not None else 0,
             "queuePosition": record.queue_position if record.phase == PENDING else None,
             "queue": record.task.queue if record.task is not None else None,
+            "flavor": (record.flavor or None) if record.phase in PLACED_PHASES else None,
             "gpuMemory": memory_text(record),
             "admittedAt": record.admitted_at,
             "observedGeneration": record.generation or None,

@@ -32,6 +32,7 @@ from gputask.core import (
     Task,
     task_key,
 )
+from gputask.core.flavors import Flavor
 from gputask.core.quota import (
     BorrowWithinCohort,
     QueueingStrategy,
@@ -39,7 +40,9 @@ from gputask.core.quota import (
     StopPolicy,
     WithinClusterQueue,
 )
+from gputask.manifests import flavors as flavors_manifest
 from gputask.manifests.fields import aggregate, kube_quantity
+from gputask.manifests.flavors import fungibility, resource_groups
 from gputask.manifests.podfit import constraints_of, pod_requests
 from gputask.manifests.podspec import template_problems
 
@@ -270,18 +273,13 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None, *, open_defau
         rname = entry.get("name") if isinstance(entry, Mapping) else None
         if rname not in (GPU, GPU_MEMORY):
             raise InvalidQueueError(f"resources: unknown resource {rname!r}; use {GPU} or {GPU_MEMORY}")
-        limits = {
-            key: _resource_amount(rname, entry[key], f"resources[{rname}].{key}")
-            for key in ("nominalQuota", "borrowingLimit", "lendingLimit")
-            if entry.get(key) is not None
-        }
-        nominal, lending = limits.get("nominalQuota", 0), limits.get("lendingLimit")
-        if lending is not None and lending > nominal:
-            raise InvalidQueueError(
-                f"resources[{rname}].lendingLimit {entry['lendingLimit']!r} is more than nominalQuota "
-                f"{entry.get('nominalQuota')!r}: a queue can lend only what it has"
-            )
-        quotas[rname] = ResourceQuota(nominal, limits.get("borrowingLimit"), lending)
+        quotas[rname] = _quota_entry(entry, rname, f"resources[{rname}]")
+    flavors: tuple[str, ...] = ()
+    if spec.get("resourceGroups") is not None:
+        if resources:
+            raise InvalidQueueError("set resources (one implicit flavor) or resourceGroups, not both")
+        flavors, quotas = resource_groups(spec["resourceGroups"], _quota_entry)
+    when_can_borrow, when_can_preempt = fungibility(spec.get("flavorFungibility"))
     pre = _section(spec, "preemption")
     borrow = _section(pre, "borrowWithinCohort", "preemption.")
     within = _choice(pre, "withinClusterQueue", get_args(WithinClusterQueue), "preemption.")
@@ -321,7 +319,32 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None, *, open_defau
         fair_sharing_weight_milli=weight,
         stop_policy=stop_policy,
         closed=not open_defaults,
+        flavors=flavors,
+        when_can_borrow=when_can_borrow,
+        when_can_preempt=when_can_preempt,
     )
+
+
+def _quota_entry(entry: Mapping[str, Any], rname: str, where: str) -> ResourceQuota:
+    """One ``{name, nominalQuota, borrowingLimit, lendingLimit}`` entry; raises InvalidQueueError."""
+    limits = {
+        key: _resource_amount(rname, entry[key], f"{where}.{key}")
+        for key in ("nominalQuota", "borrowingLimit", "lendingLimit")
+        if entry.get(key) is not None
+    }
+    nominal, lending = limits.get("nominalQuota", 0), limits.get("lendingLimit")
+    if lending is not None and lending > nominal:
+        raise InvalidQueueError(
+            f"{where}.lendingLimit {entry['lendingLimit']!r} is more than nominalQuota "
+            f"{entry.get('nominalQuota')!r}: a queue can lend only what it has"
+        )
+    return ResourceQuota(nominal, limits.get("borrowingLimit"), lending)
+
+
+def flavor_from_manifest(name: str, spec: Any) -> Flavor:
+    """Core Flavor of a GPUResourceFlavor's name and spec (:mod:`gputask.manifests.flavors`);
+    raises InvalidQueueError."""
+    return flavors_manifest.flavor_from_manifest(name, spec, to_mib)
 
 
 def node_from_gpunode(

@@ -200,7 +200,8 @@ def label_value(value: str) -> bool:
     return value == "" or (len(value) <= 63 and bool(_NAME.fullmatch(value)))
 
 
-def _tolerations(raw: Any, field: str) -> tuple[Toleration, ...]:
+def parse_tolerations(raw: Any, field: str) -> tuple[Toleration, ...]:
+    """A pod's (or a flavor's) ``tolerations`` list, checked as the API server validates it; raises ValueError."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -259,7 +260,7 @@ def constraints_of(spec: Mapping[str, Any], path: str = "spec") -> Constraints |
         if not isinstance(raw_terms, list) or not raw_terms:
             raise ValueError(f"{where}: Required value: must have at least one node selector term")
         terms = tuple(_term(_mapping(t), f"{where}[{i}]") for i, t in enumerate(raw_terms))
-    tolerations = _tolerations(spec.get("tolerations"), f"{path}.tolerations")
+    tolerations = parse_tolerations(spec.get("tolerations"), f"{path}.tolerations")
     if not selector and terms is None and not tolerations:
         return None
     return Constraints(tuple(sorted((str(k), v) for k, v in selector.items())), terms, tolerations)

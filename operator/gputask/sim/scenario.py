@@ -85,6 +85,7 @@ from gputask.sim.scenario_model import (
     ScenarioError,
     Submit,
     TaskRef,
+    core_flavors,
     core_nodes,
     core_queues,
     fifo_baseline,
@@ -207,6 +208,8 @@ class _Run:
         policy: Policy = make_policy("firstfit" if self.policy == FIFO else self.policy)
         grace = self.config.node_failure_grace_period_s
         scheduler = Scheduler(policy=policy, nodes=self.nodes.values(), node_failure_grace_s=grace)
+        for flavor in core_flavors(self.scenario):
+            scheduler.set_flavor(flavor)
         for spec in self.queues:
             scheduler.set_queue(spec)
         return scheduler

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
 from gputask.core.fit import Taint
-from gputask.manifests.convert import MIB, quantity, queue_from_manifest, to_mib
+from gputask.core.flavors import Flavor
+from gputask.manifests.convert import MIB, flavor_from_manifest, quantity, queue_from_manifest, to_mib
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 EVENT_KINDS = (
@@ -88,6 +89,13 @@ class NodeUpdate(_Strict):
 
 class QueueEntry(_Strict):
     """A GPUClusterQueue: its name and its spec as in the CRD."""
+
+    name: str = Field(min_length=1)
+    spec: dict[str, Any] = Field(default_factory=dict)
+
+
+class FlavorEntry(_Strict):
+    """A GPUResourceFlavor: its name and its spec as in the CRD."""
 
     name: str = Field(min_length=1)
     spec: dict[str, Any] = Field(default_factory=dict)
@@ -237,6 +245,7 @@ class Scenario(_Strict):
 
     nodes: list[NodeSpec]
     queues: list[QueueEntry] = Field(default_factory=list)
+    resource_flavors: list[FlavorEntry] = Field(default_factory=list, alias="resourceFlavors")
     priority_classes: list[PriorityClassSpec] = Field(default_factory=list, alias="priorityClasses")
     events: list[Event] = Field(default_factory=list)
     until: Seconds
@@ -246,6 +255,7 @@ class Scenario(_Strict):
         for what, names in (
             ("nodes", [n.name for n in self.nodes]),
             ("queues", [q.name for q in self.queues]),
+            ("resourceFlavors", [f.name for f in self.resource_flavors]),
             ("priorityClasses", [p.name for p in self.priority_classes]),
         ):
             dup = _first_duplicate(names)
@@ -292,6 +302,7 @@ def load_scenario(source: Path | Mapping[str, Any] | Scenario) -> Scenario:
     check_references(scenario)
     core_nodes(scenario)  # quantities and queue specs: refuse them now, not mid-run
     core_queues(scenario)
+    core_flavors(scenario)
     return scenario
 
 
@@ -415,6 +426,17 @@ def updated(
         changes["schedulable"] = not unschedulable
         changes["unschedulable_reason"] = "cordoned" if unschedulable else ""
     return dataclasses.replace(node, **changes)
+
+
+def core_flavors(scenario: Scenario) -> list[Flavor]:
+    """Core Flavors of the scenario's ``resourceFlavors``, converted as the operator converts them."""
+    out = []
+    for i, entry in enumerate(scenario.resource_flavors):
+        try:
+            out.append(flavor_from_manifest(entry.name, entry.spec))
+        except InvalidQueueError as exc:
+            raise ScenarioError(f"resourceFlavors[{i}] ({entry.name}).spec: {exc}") from None
+    return out
 
 
 def core_queues(scenario: Scenario) -> list[QueueSpec]:

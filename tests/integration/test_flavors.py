@@ -1,0 +1,97 @@
+"""GPUResourceFlavors through the real operator: quota per GPU product, Job tolerations, status and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gputask.config import Config
+from gputask.k8s.client import GPUCLUSTERQUEUES, GPURESOURCEFLAVORS, JOBS, NODES
+from harness import Cluster, eventually, gputask, running_operator
+
+FAST = Config(cycleInterval=0.2)
+A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
+A10B = ("GPU-a10-1", "NVIDIA-A10", "24Gi")
+T4 = ("GPU-t4-0", "Tesla-T4", "16Gi")
+T4B = ("GPU-t4-1", "Tesla-T4", "16Gi")
+
+
+async def flavor(cluster: Cluster, name: str, **spec: Any) -> None:
+    body = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUResourceFlavor", "metadata": {"name": name}, "spec": spec}
+    await cluster.client.create(GPURESOURCEFLAVORS, body)
+
+
+def groups(**nominal: int | str) -> list[dict[str, Any]]:
+    """One resource group over nvidia.com/gpu with the flavors and nominal quotas given, in order."""
+    return [{"coveredResources": ["nvidia.com/gpu"],
+             "flavors": [{"name": f, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": q}]}
+                         for f, q in nominal.items()]}]
+
+
+async def test_quota_per_gpu_product_with_the_flavors_tolerations_on_the_job(cluster: Cluster) -> None:
+    """A10 and T4 flavors, one GPU of quota each; the T4 nodes are tainted and the flavor tolerates it.
+    Two whole-GPU tasks: one per flavor; the T4 one's Job carries the flavor's toleration and label; the
+    task's status names its flavor; the queue reports usage per flavor, in kubectl get's column too;
+    a third waits with each flavor's quota named."""
+    await cluster.add_node("a", A10, A10B)  # two GPUs per node: quota, not room, stops the third task
+    await cluster.add_node("t", T4, T4B)
+    taint = {"key": "gpu", "value": "t4", "effect": "NoSchedule"}
+    await cluster.client.patch(NODES, "t", {"spec": {"taints": [taint]}})
+    await flavor(cluster, "a10", gpuProducts=["NVIDIA-A10"])
+    await flavor(cluster, "t4", gpuProducts=["Tesla-T4"],
+                 nodeTaints=[{"key": "gpu", "value": "t4", "effect": "NoSchedule"}],
+                 tolerations=[{"key": "gpu", "operator": "Equal", "value": "t4", "effect": "NoSchedule"}])
+    await cluster.add_queue(resourceGroups=groups(a10=1, t4=1))
+    async with running_operator(cluster, FAST):
+        for i in range(3):
+            await cluster.submit(gputask(f"w{i}"))
+
+        async def settled() -> dict[str, Any] | None:
+            queue = (await cluster.client.get(GPUCLUSTERQUEUES, "default")).get("status") or {}
+            return queue if queue.get("admittedTasks") == 2 and queue.get("pendingTasks") == 1 else None
+
+        queue = await eventually(settled)
+        statuses = {n: (await cluster.task(n)).get("status") or {} for n in ("w0", "w1", "w2")}
+        t4_task = next(n for n, st in statuses.items() if st.get("flavor") == "t4")
+        job = await cluster.client.get(JOBS, statuses[t4_task]["jobName"], "default")
+    assert sorted(st.get("flavor") or "-" for st in statuses.values()) == ["-", "a10", "t4"]
+    assert (job["metadata"]["labels"]["gputask.io/flavor"], job["spec"]["template"]["spec"]["tolerations"]) == (
+        "t4", [{"key": "gpu", "operator": "Equal", "value": "t4", "effect": "NoSchedule"}],
+    )  # fmt: skip
+    assert (queue["flavorsSummary"], queue["flavorsUsage"]) == ("a10 1/1, t4 1/1", [
+        {"name": "a10", "resources": [{"name": "gputask.io/gpu-memory", "total": "24576Mi", "borrowed": "0Mi"},
+                                      {"name": "nvidia.com/gpu", "total": "1000m", "borrowed": "0m"}]},
+        {"name": "t4", "resources": [{"name": "gputask.io/gpu-memory", "total": "16384Mi", "borrowed": "0Mi"},
+                                     {"name": "nvidia.com/gpu", "total": "1000m", "borrowed": "0m"}]},
+    ])  # fmt: skip
+    waiting = next(st for st in statuses.values() if not st.get("flavor"))
+    admitted = next(c for c in waiting["conditions"] if c["type"] == "Admitted")
+    assert (admitted["reason"], admitted["message"].split(" (position")[0]) == (
+        "QuotaExceeded",
+        "flavor a10: quota of nvidia.com/gpu in flavor a10 in GPUClusterQueue 'default' has 0 milli-GPU left; "
+        "flavor t4: quota of nvidia.com/gpu in flavor t4 in GPUClusterQueue 'default' has 0 milli-GPU left",
+    )
+
+
+async def test_a_queue_applied_before_its_flavor_is_inactive_until_the_flavor_exists(cluster: Cluster) -> None:
+    """GitOps order: the queue names a flavor not created yet; its task waits QueueInactive saying which,
+    and is admitted once the GPUResourceFlavor is applied."""
+    await cluster.add_node("a", A10)
+    await cluster.add_queue(resourceGroups=groups(a10=1))
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("t"))
+
+        async def reason() -> tuple[str, str] | None:
+            status = (await cluster.task("t")).get("status") or {}
+            found = next((c for c in status.get("conditions") or [] if c["type"] == "Admitted"), None)
+            return (found["reason"], found["message"]) if found else None
+
+        waits = await eventually(reason)
+        await flavor(cluster, "a10", gpuProducts=["NVIDIA-A10"])
+
+        async def admitted() -> str | None:
+            return ((await cluster.task("t")).get("status") or {}).get("flavor")
+
+        assert await eventually(admitted) == "a10"
+    assert (waits[0], waits[1].split(" (position")[0]) == (
+        "QueueInactive", "GPUClusterQueue 'default' is inactive: GPUResourceFlavor a10 does not exist",
+    )  # fmt: skip
