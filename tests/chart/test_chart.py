@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import yaml
 import crdschema
 import helmtool
 from gputask.config import Config, load_config
+from gputask.core.placement import POLICIES
 from gputask.k8s import rbac
 from gputask.k8s.rbac import Grant
 from gputask.metrics import OperatorMetrics
@@ -80,6 +82,8 @@ def rbac_problems(objects: list[dict[str, Any]], *, leader_election: bool = True
     expected = {
         ("ClusterRole", "gputask-operator"): rbac.grants(rbac.OPERATOR),
         ("ClusterRole", "gputask-agent"): rbac.grants(rbac.AGENT),
+        ("ClusterRole", "gputask-edit"): rbac.grants(rbac.USER_EDIT),
+        ("ClusterRole", "gputask-view"): rbac.grants(rbac.USER_VIEW),
     }
     if leader_election:
         expected[("Role", "gputask-operator-leader-election")] = rbac.grants(rbac.OPERATOR_LEADER_ELECTION)
@@ -139,7 +143,9 @@ def test_each_ci_configuration_renders_the_expected_objects(rendered: dict[str, 
     """Each ci values file renders exactly its expected set of objects."""
     base = [
         ("ClusterRole", "", "gputask-agent"),
+        ("ClusterRole", "", "gputask-edit"),
         ("ClusterRole", "", "gputask-operator"),
+        ("ClusterRole", "", "gputask-view"),
         ("ClusterRoleBinding", "", "gputask-agent"),
         ("ClusterRoleBinding", "", "gputask-operator"),
         ("ConfigMap", "gputask-system", "gputask-config"),
@@ -150,6 +156,7 @@ def test_each_ci_configuration_renders_the_expected_objects(rendered: dict[str, 
         ],
         ("DaemonSet", "gputask-system", "gputask-agent"),
         ("Deployment", "gputask-system", "gputask-operator"),
+        ("PodDisruptionBudget", "gputask-system", "gputask-operator"),
         ("Role", "gputask-system", "gputask-operator-leader-election"),
         ("RoleBinding", "gputask-system", "gputask-operator-leader-election"),
         ("Service", "gputask-system", "gputask-agent-metrics"),
@@ -203,11 +210,12 @@ def test_rendering_is_deterministic_and_hook_free(helm: str) -> None:
 
 
 def test_notes_tell_how_to_see_queues_tasks_and_metrics(helm: str) -> None:
-    """NOTES.txt shows the commands for queues, tasks and the metrics port-forward."""
+    """NOTES.txt shows the commands for flavors, cluster and local queues, tasks and the metrics port-forward."""
     args = ["install", "gputask", str(CHART), "--dry-run=client", "--namespace", "gputask-system"]
     notes = helmtool.helm_run(helm, *args).stdout.partition("NOTES:")[2]
     wanted = [
-        "kubectl get gcq",
+        "kubectl get grf,gcq",
+        "kubectl get glq -A",
         "kubectl get gt -A",
         "kubectl -n gputask-system port-forward svc/gputask-operator-metrics 9400",
         "curl -s localhost:9400/metrics",
@@ -622,3 +630,54 @@ def test_gitops_examples_carry_no_status() -> None:
         if obj.get("kind") in ("GPUTask", "GPUClusterQueue") and "status" in obj
     ]
     assert with_status == []
+
+
+def test_user_roles_aggregate_into_admin_edit_and_view(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Namespace users bound to admin or edit manage GPUTasks and GPULocalQueues, view reads them (Kubernetes'
+    aggregation labels); the cluster-scoped queues and flavors are not aggregated."""
+    objects = rendered["default-values.yaml"]
+    labels = {name: sorted(k for k in find(objects, "ClusterRole", name)["metadata"]["labels"]
+                           if k.startswith("rbac.authorization.k8s.io/"))
+              for name in ("gputask-edit", "gputask-view")}
+    resources = {r for name in ("gputask-edit", "gputask-view")
+                 for rule in find(objects, "ClusterRole", name)["rules"] for r in rule["resources"]}
+    assert (labels, sorted(resources)) == (
+        {"gputask-edit": ["rbac.authorization.k8s.io/aggregate-to-admin",
+                          "rbac.authorization.k8s.io/aggregate-to-edit"],
+         "gputask-view": ["rbac.authorization.k8s.io/aggregate-to-view"]},
+        ["gpulocalqueues", "gpulocalqueues/status", "gputasks", "gputasks/status"],
+    )
+
+
+def test_operator_pod_disruption_budget_selects_the_operator_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The PodDisruptionBudget lets a drain take one operator pod at a time, and selects exactly the
+    Deployment's pods."""
+    objects = rendered["default-values.yaml"]
+    pdb = find(objects, "PodDisruptionBudget", "gputask-operator")
+    deployment = find(objects, "Deployment", "gputask-operator")
+    assert (pdb["apiVersion"], pdb["spec"]["maxUnavailable"], pdb["spec"]["selector"]) == (
+        "policy/v1", 1, deployment["spec"]["selector"],
+    )
+
+
+def test_schema_refuses_unknown_policies_and_takes_every_configuration_key(helm: str) -> None:
+    """`--set config.policy=bogus` fails at install; every key of the operator's Configuration is a
+    config value of the chart, and the policy enum is the operator's policy list."""
+    args = helmtool.template_args(sets=["config.policy=bogus"])
+    refused = helmtool.helm_run(helm, *args, check=False)
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
+    aliases = {f.alias or name for name, f in Config.model_fields.items()} - {"apiVersion", "kind"}
+    assert (refused.returncode != 0, "/config/policy" in refused.stderr, set(schema), schema["policy"]["enum"]) == (
+        True, True, aliases, sorted(POLICIES),
+    )
+
+
+def test_the_license_file_is_the_license_pyproject_declares() -> None:
+    """LICENSE holds the Apache License 2.0 text that pyproject.toml's SPDX id names, and the chart says so too."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    text = (ROOT / "LICENSE").read_text()
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    license_annotation = chart["annotations"]["artifacthub.io/license"]
+    assert (declared, text.split()[:4], "END OF TERMS AND CONDITIONS" in text, license_annotation) == (
+        "Apache-2.0", ["Apache", "License", "Version", "2.0,"], True, "Apache-2.0",
+    )

@@ -136,6 +136,25 @@ OPERATOR_LEADER_ELECTION: tuple[Rule, ...] = (
     rule(LEASES, "get", "create", "update", why="campaign for, renew and take over the leader Lease"),
 )
 
+# What namespace users get through Kubernetes' aggregated user-facing roles (chart value
+# rbac.aggregateToUserRoles): admin and edit (USER_EDIT) submit and manage tasks and local queues,
+# view (USER_VIEW) reads them. Cluster-scoped queues and flavors stay with the platform team.
+_READ = ("get", "list", "watch")
+USER_EDIT: tuple[Rule, ...] = (
+    *(
+        rule(res, *_READ, "create", "update", "patch", "delete", "deletecollection",
+             why="namespace users (admin, edit) submit, change and delete them")
+        for res in (GPUTASKS, GPULOCALQUEUES)
+    ),
+    *(rule(res, *_READ, sub="status", why="namespace users read what the operator reports")
+      for res in (GPUTASKS, GPULOCALQUEUES)),
+)
+USER_VIEW: tuple[Rule, ...] = (
+    *(rule(res, *_READ, why="namespace users (view) read them") for res in (GPUTASKS, GPULOCALQUEUES)),
+    *(rule(res, *_READ, sub="status", why="namespace users (view) read their status")
+      for res in (GPUTASKS, GPULOCALQUEUES)),
+)
+
 # The agent's ClusterRole (``gputask agent``, one pod per GPU node).
 AGENT: tuple[Rule, ...] = (
     rule(GPUNODES, "get", "create", "patch", why="create its node's GPUNode and set the Node as its owner"),
