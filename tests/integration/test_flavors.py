@@ -95,3 +95,58 @@ async def test_a_queue_applied_before_its_flavor_is_inactive_until_the_flavor_ex
     assert (waits[0], waits[1].split(" (position")[0]) == (
         "QueueInactive", "GPUClusterQueue 'default' is inactive: GPUResourceFlavor a10 does not exist",
     )  # fmt: skip
+
+
+async def test_a_restart_keeps_each_task_in_the_flavor_its_job_names(cluster: Cluster) -> None:
+    """Two flavors covering the same nodes: after a restart each admitted task is charged to the flavor its
+    Job's gputask.io/flavor annotation names (not the first that holds the placement), so the queue is not
+    overdrawn and a third task still waits; its flavor's NoExecute toleration keeps tolerationSeconds."""
+    await cluster.add_node("a", A10, A10B)
+    await flavor(cluster, "reserved")
+    await flavor(cluster, "spot", tolerations=[{"key": "spot", "operator": "Exists", "effect": "NoExecute",
+                                                 "tolerationSeconds": 30}])
+    await cluster.add_queue(resourceGroups=groups(reserved=1, spot=1))
+    async with running_operator(cluster, FAST):
+        for i in range(2):
+            await cluster.submit(gputask(f"w{i}"))
+
+        async def both() -> list[str] | None:
+            found = [((await cluster.task(f"w{i}")).get("status") or {}).get("flavor") for i in range(2)]
+            return found if all(found) else None
+
+        flavors = await eventually(both)
+    spot_task = f"w{flavors.index('spot')}"
+    job = await cluster.client.get(JOBS, f"{spot_task}-1", "default")
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("w2"))
+
+        async def summarized() -> str | None:
+            status = (await cluster.client.get(GPUCLUSTERQUEUES, "default")).get("status") or {}
+            return status.get("flavorsSummary") if status.get("pendingTasks") == 1 else None
+
+        summary = await eventually(summarized)
+    assert (sorted(flavors), summary) == (["reserved", "spot"], "reserved 1/1, spot 1/1")
+    assert (job["metadata"]["annotations"]["gputask.io/flavor"], job["spec"]["template"]["spec"]["tolerations"]) == (
+        "spot", [{"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+    )  # fmt: skip
+
+
+async def test_a_queue_is_not_active_while_a_flavor_it_lists_is_missing(cluster: Cluster) -> None:
+    """Kueue's FlavorNotFound on the queue's Active condition, then Ready once the flavor exists."""
+    await cluster.add_queue(resourceGroups=groups(a10=1))
+    async with running_operator(cluster, FAST):
+
+        async def active() -> tuple[str, str, str] | None:
+            status = (await cluster.client.get(GPUCLUSTERQUEUES, "default")).get("status") or {}
+            found = next((c for c in status.get("conditions") or [] if c["type"] == "Active"), None)
+            return (found["status"], found["reason"], found["message"]) if found else None
+
+        missing = await eventually(active)
+        await flavor(cluster, "a10", gpuProducts=["NVIDIA-A10"])
+
+        async def ready() -> tuple[str, str, str] | None:
+            found = await active()
+            return found if found and found[0] == "True" else None
+
+        assert await eventually(ready) == ("True", "Ready", "Can admit new tasks")
+    assert missing == ("False", "FlavorNotFound", "GPUResourceFlavor a10 does not exist")

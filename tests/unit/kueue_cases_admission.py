@@ -314,7 +314,6 @@ _CAPACITY_BLOCKED = (
 
 SKIPPED: dict[str, str] = {
     # scheduler_test.go TestSchedule
-    "use second flavor when the first has no preemption candidates; WhenCanPreempt: MayStopSearch": _FLAVORS,
     "workload fits in single clusterQueue, with check state ready": "admission checks",
     "workload fits in single clusterQueue, with check state pending": "admission checks",
     "skip workload with missing or deleted ClusterQueue (NoFit)": (
@@ -323,13 +322,8 @@ SKIPPED: dict[str, str] = {
     "error during admission": "injects an API error on the admission write",
     "failed to match clusterQueue selector": "namespace selector that rejects the workload",
     "assign multiple resources and flavors": "several podsets, resources and flavors",
-    "cannot borrow if cohort was assigned and would result in overadmission": _SPOT_LATER,
-    "can borrow if needs reclaim from cohort in different flavor": _FLAVORS,
     "lendingLimit should not affect assignments when feature disabled": "LendingLimit feature gate off",
-    "preempt workloads in ClusterQueue and cohort": "the victims and the preemptor's fit span both flavors",
     "cannot borrow resource not listed in clusterQueue": "a second resource (example.com/gpu)",
-    "not enough resources to borrow, fallback to next flavor; WhenCanPreempt: TryNextFlavor": _FLAVORS,
-    "workload should not fit in clusterQueue with nonexistent flavor": "a ResourceFlavor object that is missing",
     "no overadmission while borrowing": "an admitted workload with two podsets on two flavors",
     "partial admission single variable pod set": _PARTIAL,
     "partial admission single variable pod set, preempt first": _PARTIAL,
@@ -339,9 +333,6 @@ SKIPPED: dict[str, str] = {
     "two workloads can borrow different resources from the same flavor in the same cycle": "two resources (r1, r2)",
     "container does not satisfy limitRange constraints": "LimitRange validation",
     "container resource requests exceed limits": "request/limit validation",
-    "prefer reclamation over cq priority based preemption": _FLAVORS,
-    "prefer first preemption flavor when second flavor requires both reclaim and cq priority preemption": _FLAVORS,
-    "prefer first preemption flavor when second flavor also requires cq preemption": _FLAVORS,
     "capacity blocked when lending clusterqueue not guaranteed to reclaim (ReclaimWithinCohort=LowerPriority)": (
         _CAPACITY_BLOCKED
     ),
@@ -349,10 +340,8 @@ SKIPPED: dict[str, str] = {
         _CAPACITY_BLOCKED
     ),
     "in a hierarchical cohort, workload borrowing less is scheduled first": _COHORT_OBJ,
-    "don't assign flavor if there are no candidates for preemption": _FLAVORS,
     "workload-slice fits in single clusterQueue": "elastic workload slices",
     "pending admission check with nofit and fit flavors": "admission checks and flavors",
-    "admit to second flavor when first needs preemption; WhenCanPreempt: TryNextFlavor": _FLAVORS,
     "admit workload with zero-quantity request for resource not in ClusterQueue": "a zero request of a second resource",
     "preempt when workload requests zero of a resource not defined in ClusterQueue": (
         "a zero request of a second resource"
@@ -360,7 +349,6 @@ SKIPPED: dict[str, str] = {
     "PreemptionOverBorrowing preference: preempt in first flavor instead of borrowing in second": _FLAVORS,
     "BorrowingOverPreemption preference: borrow in second flavor instead of preempting in first": _FLAVORS,
     # scheduler_fs_test.go TestScheduleForFairSharing (and the older inline copies in TestSchedule)
-    "with fair sharing: schedule workload with lowest share first": _SPOT_LATER,
     "with fair sharing: nominal-first ordering admits workload fitting within nominal despite higher CQ DRS": (
         "two resource groups (on-demand, spot)"
     ),
@@ -375,11 +363,7 @@ SKIPPED: dict[str, str] = {
     "fair sharing schedule singleton cqs and cq without cohort": _COHORT_OBJ,
     "fair sharing schedule highest priority first": _COHORT_OBJ,
     "fair sharing schedule earliest timestamp first": _COHORT_OBJ,
-    "with fair sharing: preempt workload from CQ with the highest share": "eng-alpha's spot usage is part of the case",
     "multiple preemptions skip overlapping preemption targets": "three resources (cpu and per-queue resources)",
-    "with fair sharing: prefer reclamation over cq priority based preemption; with preemption while borrowing": (
-        _FLAVORS
-    ),
     "prefer flavor with most local capacity": f"{_FLAVORS}; {_COHORT_OBJ}",
     "prefer flavor with most local capacity (FS=false)": f"{_FLAVORS}; {_COHORT_OBJ}",
     "PreemptionOverBorrowing with fair sharing: preempt in first flavor instead of borrowing in second": _FLAVORS,

@@ -95,9 +95,11 @@ def test_kueue_labels_name_the_queue_and_the_priority_class() -> None:
         (0, "spec.gpus must be between 1 and 16, got 0"),
         (-1, "spec.gpus must be between 1 and 16, got -1"),
         (17, "spec.gpus must be between 1 and 16, got 17"),
-        ("2", "spec.gpus must be an integer, got '2'"),
-        (1.5, "spec.gpus must be an integer, got 1.5"),
-        (True, "spec.gpus must be an integer, got True"),
+        ("2", "spec.gpus must be an integer from 1 to 16, got '2'"),
+        (1.5, "spec.gpus must be an integer from 1 to 16, got 1.5"),
+        (True, "spec.gpus must be an integer from 1 to 16, got True"),
+        (99999999999999999999999, "spec.gpus must be between 1 and 16, got 99999999999999999999999"),
+        (1e23, "spec.gpus must be an integer from 1 to 16, got 99999999999999991611392"),  # as JSON may decode it
     ],
 )
 def test_gpus_outside_1_to_16_or_not_an_integer_is_invalid(gpus: Any, message: str) -> None:
@@ -338,3 +340,16 @@ def test_malformed_queue_specs_are_rejected_with_the_field_named() -> None:
         "cohort must be a name, got 3",
         "resources must be a list, got 'x'",
     ]
+
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [(None, "spec is missing"), ([1, 2, 3], "spec must be an object, got a list"),
+     ("gpus: 1", "spec must be an object, got a string"), (7, "spec must be an object, got a number")],
+)
+def test_a_spec_that_is_not_an_object_says_what_it_is(spec: Any, message: str) -> None:
+    """`spec: [1,2,3]` is refused as not an object, naming what it is."""
+    with pytest.raises(InvalidTaskError) as caught:
+        task_from_manifest({"metadata": {"name": "t", "namespace": "ns"}, "spec": spec})
+    assert (caught.value.reason, caught.value.message) == ("InvalidSpec", message)

@@ -187,3 +187,61 @@ def test_restored_work_is_charged_in_the_flavor_holding_it_and_requeued_unflavor
     requeued = s.requeue(task.key)
     assert charged == {"nvidia.com/gpu@t4": 1000, "gputask.io/gpu-memory@t4": 16384}
     assert requeued == task and requeued.flavor == "" and admitted(s.cycle(0.0)) == [("ns/t", "h100", "h")]
+
+
+def test_flavors_alike_to_placement_are_each_tried_for_their_own_quota() -> None:
+    """Two flavors covering the same nodes (no labels, no products): once the first one's quota is full the
+    next tasks go to the second; one flavor's refusal is not remembered for the other (the flavor is part
+    of a task's shape)."""
+    s = cluster(node("n", H100, 4, 80), flavors={"reserved": {}, "spot": {}})
+    s.set_queue(flavored_queue("q", {"reserved": 1, "spot": 2}))
+    for i in range(3):
+        s.submit(whole(f"t{i}", created=i))
+    assert admitted(s.cycle(0.0)) == [("ns/t0", "reserved", "n"), ("ns/t1", "spot", "n"), ("ns/t2", "spot", "n")]
+
+
+def test_restored_work_stays_in_the_flavor_its_job_names_even_when_two_flavors_hold_it() -> None:
+    """Two flavors alike to placement: a restart puts each task back in the flavor it was admitted in
+    (the Job's annotation, passed as ``flavor``), not the first flavor that holds its placement, so no
+    quota is overdrawn; a flavor gone since still gets its charge back."""
+    s = cluster(node("n", H100, 4, 80), flavors={"reserved": {}, "spot": {}})
+    s.set_queue(flavored_queue("q", {"reserved": 1, "spot": 2}))
+    slots = [Placement(NodeName("n"), (GpuSlot(i, f"n-{i}", 80 * GIB),)) for i in range(3)]
+    for i, flavor in enumerate(("reserved", "spot", "spot")):
+        assert s.restore(whole(f"t{i}"), slots[i], flavor=flavor)
+    s.remove_flavor("spot")
+    assert s.restore(whole("t3"), Placement(NodeName("n"), (GpuSlot(3, "n-3", 80 * GIB),)), flavor="spot")
+    assert ({k: v for k, v in s.quotas.usage["q"].items() if k.startswith("nvidia")}, s.violations()) == (
+        {"nvidia.com/gpu@reserved": 1000, "nvidia.com/gpu@spot": 3000},
+        ["queue q: nvidia.com/gpu@spot usage 3000 > 2000"],  # t3 restored in spot beyond it: reported, not hidden
+    )
+
+
+def test_the_least_charge_in_a_flavor_is_counted_against_its_card_size() -> None:
+    """gpuMemory 80Gi over 40Gi cards, 300m of quota: a half-GPU task charges 250m there, so a higher-priority
+    copy is not Inadmissible (500m would be, counted over the card) and preempts the running one."""
+    flavors = {"a100": {"gpuProducts": ["A100-40"], "gpuMemory": "80Gi"}}
+    s = cluster(node("n", "A100-40", 1, 40), flavors=flavors)
+    s.set_queue(flavored_queue("q", {"a100": "300m"}, preemption={"withinClusterQueue": "LowerPriority"}))
+    s.submit(whole("low", memory_gib=20))
+    first = admitted(s.cycle(0.0))
+    s.submit(whole("high", memory_gib=20, priority=10, created=1))
+    second = s.cycle(1.0)
+    assert (first, [(d.task.key, d.reason) for d in second if isinstance(d, Evict)]) == (
+        [("ns/low", "a100", "n")], [("ns/low", "Preempted")],
+    )  # fmt: skip
+
+
+def test_reclaim_counts_the_victim_queues_borrowing_only_in_the_preemptors_flavor() -> None:
+    """b runs two H100 tasks within its H100 nominal and borrows a T4: a's H100 task may not reclaim from b
+    (b does not borrow H100s), whatever b borrows of T4s."""
+    s = two_pools()
+    s.set_queue(flavored_queue("a", {"h100": 2, "t4": 2}, cohort="org", preemption={"reclaimWithinCohort": "Any"}))
+    s.set_queue(flavored_queue("b", {"h100": 2, "t4": 0}, cohort="org"))
+    for i in range(2):
+        s.submit(whole(f"b{i}", queue="b", products=(H100,), created=i))
+    s.submit(whole("bt", queue="b", products=(T4,), created=2))
+    before = admitted(s.cycle(0.0))
+    s.submit(whole("a0", queue="a", products=(H100,), created=3))
+    decisions = s.cycle(1.0)
+    assert (len(before), [d for d in decisions if isinstance(d, Evict)]) == (3, [])

@@ -265,3 +265,37 @@ def test_local_queue_printer_columns() -> None:
     assert (is_valid(obj), crdschema.column_values(version["additionalPrinterColumns"], obj)) == (True, {
         "ClusterQueue": "team-a", "Pending": 3, "Admitted": 2, "GPU usage": "1500m", "Age": "2026-12-01T10:00:00Z",
     })  # fmt: skip
+
+
+def test_a_flavor_of_a_resource_group_must_list_exactly_its_covered_resources() -> None:
+    """As Kueue's webhook: a flavor listing another resource than the group covers is refused by the CEL rule,
+    and resources and resourceGroups together by the spec's rule."""
+    group = crdschema.openapi_schema(CRDS["GPUClusterQueue"])["properties"]["spec"]["properties"]["resourceGroups"]
+    spec = crdschema.openapi_schema(CRDS["GPUClusterQueue"])["properties"]["spec"]
+
+    def one(resource: str) -> dict[str, Any]:
+        return {"coveredResources": ["nvidia.com/gpu"],
+                "flavors": [{"name": "a10", "resources": [{"name": resource, "nominalQuota": 1}]}]}
+
+    both = {"resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1}], "resourceGroups": [one("nvidia.com/gpu")]}
+    assert (
+        crdschema.rule_failures(group["items"], one("nvidia.com/gpu")),
+        crdschema.rule_failures(group["items"], one("gputask.io/gpu-memory")),
+        crdschema.rule_failures(spec, both),
+        is_valid({**queue(), "spec": {"namespaceSelector": {}, "resourceGroups": [one("nvidia.com/gpu")]}}),
+    ) == ([], ["each flavor must list exactly the group's coveredResources"],
+          ["set resources (one implicit flavor) or resourceGroups, not both"], True)
+
+
+def test_a_resource_flavor_validates_as_kueues_plus_the_gpu_fields() -> None:
+    """GPUResourceFlavor accepts Kueue's nodeLabels, nodeTaints and tolerations plus gpuProducts and
+    gpuMemory; it refuses a taint without an effect and an unknown field."""
+    def flavor(**spec: Any) -> dict[str, Any]:
+        return {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUResourceFlavor", "metadata": {"name": "h100"},
+                "spec": spec}
+
+    full = flavor(nodeLabels={"gpu": "h100"}, nodeTaints=[{"key": "gpu", "value": "h100", "effect": "NoSchedule"}],
+                  tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+                  gpuProducts=["NVIDIA-H100-80GB-HBM3"], gpuMemory="80Gi")
+    assert [is_valid(full), is_valid(flavor()), is_valid(flavor(nodeTaints=[{"key": "gpu"}])),
+            is_valid(flavor(cohort="x"))] == [True, True, False, False]

@@ -490,6 +490,24 @@ def test_grace_period_comes_from_config() -> None:
             {"queues": [{"name": "q", "spec": {"queueingStrategy": "Random"}}]},
             "queues[0] (q).spec: queueingStrategy 'Random': use BestEffortFIFO or StrictFIFO",
         ),
+        (
+            {"nodes": [node("nœud-ü", "24Gi")]},
+            "nodes[0].name: 'nœud-ü' is not a Kubernetes name: lower-case letters, digits, '-' and '.', starting "
+            "and ending with a letter or digit, at most 253 characters",
+        ),
+        (
+            {"events": [{"at": 0, "submit": {"metadata": {"name": "t", "namespace": "Team_A"}, "spec": {}}}]},
+            "events[0].submit.metadata.namespace: 'Team_A' is not a Kubernetes namespace name: lower-case "
+            "letters, digits and '-', starting and ending with a letter or digit, at most 63 characters",
+        ),
+        (
+            {"events": [submit("t", duration=1e300)]},
+            "events[0].submit.duration: Input should be less than or equal to 1000000000",
+        ),
+        (
+            {"resourceFlavors": [{"name": "a10", "spec": {"gpuMemory": "-1Gi"}}]},
+            "resourceFlavors[0] (a10).spec: spec.gpuMemory: '-1Gi' must be positive",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error(change: dict[str, Any], message: str) -> None:

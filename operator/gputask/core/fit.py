@@ -61,12 +61,14 @@ class Taint:
 
 @dataclass(frozen=True, slots=True)
 class Toleration:
-    """A pod toleration (core/v1 Toleration); ``operator`` is ``Equal`` or ``Exists``."""
+    """A pod toleration (core/v1 Toleration); ``operator`` is ``Equal`` or ``Exists``; ``seconds`` its
+    ``tolerationSeconds`` (kept for the Jobs a flavor's tolerations go into)."""
 
     key: str = ""
     operator: str = "Equal"
     value: str = ""
     effect: str = ""
+    seconds: int | None = None  # tolerationSeconds (NoExecute only): how long it tolerates; never read by placement
 
     def tolerates(self, taint: Taint) -> bool:
         """True when this toleration tolerates ``taint`` (``Toleration.ToleratesTaint`` of k8s.io/api):

@@ -155,8 +155,10 @@ class Task:
 
     @property
     def fit_key(self) -> tuple[object, ...]:
-        """Everything placement reads of the task: two tasks with equal keys fit the same nodes alike."""
-        return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints)
+        """Everything placement and quota read of the task: two tasks with equal keys fit the same nodes alike
+        and charge the same quota (the flavor is part of it: two flavors alike to placement differ in quota)."""
+        return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints, self.flavor,
+                self.card_mib)
 
     @property
     def namespace(self) -> str:

@@ -114,14 +114,16 @@ def borrow_threshold(spec: QueueSpec, task: Task) -> int | None:
 def needing_preemption(quotas: QuotaBook, task: Task, least: Usage) -> tuple[str, ...]:
     """Kueue's resources needing preemption: those of the queue's listed resources that ``least`` (the
     least the task charges) does not fit now; all of them when quota fits and only the placement
-    does not (gputask preempts for room on a node too, where Kueue would admit)."""
+    does not (gputask preempts for room on a node too, where Kueue would admit). Only the keys of the
+    task's own flavor count: borrowing in another flavor says nothing about this one."""
     spec = quotas.specs[task.queue]
+    own = [r for r in spec.quotas if r in least]  # the task's flavor's keys (every key of a flat queue)
     short = []
-    for resource in spec.quotas:
+    for resource in own:
         free = quotas.available(task.queue, resource)
         if free is not None and least.get(resource, 0) > free:
             short.append(resource)
-    return tuple(short) if short else tuple(spec.quotas)
+    return tuple(short) if short else tuple(own)
 
 
 def under_nominal(quotas: QuotaBook, queue: str, resources: Iterable[str]) -> bool:

@@ -96,11 +96,14 @@ def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
     """The least a task can charge: exact MiB for memory requests, whole GPUs when exclusive.
 
     For a memory request the GPU share is at least its MiB over the largest GPU's MiB
-    (``largest_gpu_mib``, 0 when unknown: then 1 milli-GPU per GPU).
+    (``largest_gpu_mib``, 0 when unknown: then 1 milli-GPU per GPU); in a flavor with a charging card size
+    (``task.card_mib``) it is its MiB over that size, and a fraction's charge depends on the card, so 1.
     """
     req = task.request
     if req.exclusive:
         milli = MILLI_PER_GPU
+    elif task.card_mib is not None:  # in a flavor charging against its card size (flavors.py)
+        milli = min(MILLI_PER_GPU, -(-req.memory_mib * MILLI_PER_GPU // task.card_mib)) if req.memory_mib else 1
     elif req.fraction_milli is not None:
         milli = req.fraction_milli
     elif req.memory_mib is not None and largest_gpu_mib > 0:

@@ -33,6 +33,7 @@ from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
 from gputask.core.placement import DEFAULT_POLICY, Outcome, Policy, QuotaCheck, find_placement, make_policy
 from gputask.core.preemption import (
     DEFAULT_STRATEGIES,
+    Plan,
     Planner,
     any_preemption,
     candidates,
@@ -156,6 +157,7 @@ class Scheduler:
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
         self.flavors: dict[str, Flavor] = {}  # GPUResourceFlavors by name
         self.invalid_flavors: dict[str, str] = {}  # flavors that exist with an unreadable spec: name -> why
+        self._variant_cache: dict[TaskKey, tuple[Task, QueueSpec, list[Task]]] = {}  # this cycle's flavored tasks
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         self._departures = itertools.count(1)  # names the holds of evicted workloads
         # preemptions that found no plan, by (queue, shape, priority): the world then, the oldest task tried
@@ -231,17 +233,26 @@ class Scheduler:
         if self.ledger.get(task.key) is None:
             self.pending.push(task)
 
-    def restore(self, task: Task, placement: Placement, admitted_at: float = 0.0, *, charge: bool = True) -> bool:
+    def restore(
+        self,
+        task: Task,
+        placement: Placement,
+        admitted_at: float = 0.0,
+        *,
+        charge: bool = True,
+        flavor: str | None = None,
+    ) -> bool:
         """Record a task already running with ``placement`` (after a restart): never refused.
 
-        ``charge=False`` records a placement whose quota Kueue books (Kueue mode). Returns False
-        when the placement over-commits a GPU with what was restored before it (two beliefs about
-        one GPU: the caller resolves it, e.g. by evicting the later one).
+        ``charge=False`` records a placement whose quota Kueue books (Kueue mode). ``flavor`` is the
+        ResourceFlavor it was admitted in, as its Job or status says (None: found from the placement,
+        :meth:`_flavor_of`). Returns False when the placement over-commits a GPU with what was restored
+        before it (two beliefs about one GPU: the caller resolves it, e.g. by evicting the later one).
         """
         if task.key in self.ledger.running:
             return True
         self.pending.discard(task.key)
-        task = self._flavor_of(task, placement)
+        task = self._flavor_of(task, placement, flavor)
         self.ledger.restore(task, placement, admitted_at, charge=charge)
         self.health.restored(task.key, placement)
         if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
@@ -365,6 +376,7 @@ class Scheduler:
         6. else plan a preemption on one node; 7. admit, nominate, or record why it waits.
         """
         memo = _CycleMemo()
+        self._variant_cache.clear()  # flavors and queue specs change between cycles only
         decisions, self._carry = self._carry, []
         decisions += self._failure_evictions(now)
         decisions += self._admit_nominated(now)
@@ -561,11 +573,14 @@ class Scheduler:
     ) -> list[Decision]:
         """Preempt in the first flavor where a plan is found (Kueue's whenCanPreempt TryNextFlavor: after
         every flavor was tried without), else wait with the first flavor's reason."""
-        if not preempted_already:
-            for flavored_task, known in tried:
-                preempted = self._preempt_in(flavored_task, known, spec, memo, now)
-                if preempted:
-                    return preempted
+        if not preempted_already and len(tried) == 1:
+            preempted = self._preempt_in(tried[0][0], tried[0][1], spec, memo, now)
+            if preempted:
+                return preempted
+        elif not preempted_already:
+            preempted = self._preempt_best_flavor(task, spec, tried, memo, now)
+            if preempted:
+                return preempted
         known = tried[0][1]
         if len(tried) > 1:
             reasons = {k.reason for _, k in tried}
@@ -576,29 +591,71 @@ class Scheduler:
             memo.blocked_queues.add(task.queue)
         return [Pending(task, known.reason, known.message, filters=known.filters)]
 
+    def _preempt_best_flavor(
+        self, task: Task, spec: QueueSpec, tried: list[tuple[Task, Wait]], memo: _CycleMemo, now: float
+    ) -> list[Decision]:
+        """Kueue's flavor assigner with whenCanPreempt TryNextFlavor: of the flavors where a preemption makes
+        room, one that only reclaims from other queues of the cohort goes before one that preempts in the
+        task's own queue by priority; then the queue's flavor order. [] when no flavor has a plan."""
+        plans: list[tuple[int, int, Task, Plan]] = []
+        for order, (flavored_task, known) in enumerate(tried):
+            attempt = ((flavored_task.queue, flavored_task.fit_key), flavored_task.priority)
+            if known.reason is Reason.INADMISSIBLE or not any_preemption(spec) or attempt in memo.preemption_failed:
+                continue
+            if self._failed_before(attempt, flavored_task):
+                memo.preemption_failed.add(attempt)
+                continue
+            plan = self._plan(flavored_task)
+            if plan is None:
+                self._remember_failed(attempt, flavored_task)
+                memo.preemption_failed.add(attempt)
+                continue
+            reclaims_only = all(v.task.queue != task.queue for v in plan.victims)
+            plans.append((0 if reclaims_only else 1, order, flavored_task, plan))
+        if not plans:
+            return []
+        _, _, chosen, plan = min(plans, key=lambda p: (p[0], p[1]))
+        return self._start(chosen, plan, now)
+
     def _variants(self, task: Task, spec: QueueSpec) -> list[Task]:
-        """``task`` in each flavor of ``spec`` it may use, in the queue's order (:mod:`gputask.core.flavors`)."""
+        """``task`` in each flavor of ``spec`` it may use, in the queue's order (:mod:`gputask.core.flavors`);
+        kept for the cycle (the head ordering and the try both ask)."""
         base = task.unflavored or task
-        return [
+        cached = self._variant_cache.get(base.key)
+        if cached is not None and cached[0] is base and cached[1] is spec:
+            return cached[2]
+        found = [
             variant(base, self.flavors[name])
             for name in spec.flavors
             if name in self.flavors and ineligible(base, self.flavors[name]) is None
         ]
+        self._variant_cache[base.key] = (base, spec, found)
+        return found
 
     def _ineligible(self, task: Task, name: str) -> str:
         flavor = self.flavors.get(name)
         return "does not exist" if flavor is None else (ineligible(task, flavor) or "eligible")
 
-    def _flavor_of(self, task: Task, placement: Placement) -> Task:
-        """A restored task in the flavor of its queue that holds its placement (the first that does; the
-        queue's first flavor when none does any more): it is charged there, as when it was admitted."""
+    def _flavor_of(self, task: Task, placement: Placement, named: str | None = None) -> Task:
+        """A restored task in the flavor it was admitted in, so it is charged there again: ``named`` (its Job
+        says, or its status) when the queue lists it, even if that GPUResourceFlavor is gone now; a task
+        already in a flavor stays there; else the queue's first flavor that holds the placement (the first
+        flavor when none does any more)."""
         spec = self.quotas.specs.get(task.queue)
-        if spec is None or not spec.flavors or not self.cluster.has_node(placement.node):
+        if spec is None or not spec.flavors:
+            return task
+        if task.flavor and named is None:
+            return task
+        base = task.unflavored or task
+        if named is not None and named in spec.flavors:
+            flavor = self.flavors.get(named)
+            return variant(base, flavor) if flavor is not None else replace(base, flavor=named, unflavored=base)
+        if not self.cluster.has_node(placement.node):
             return task
         node = self.cluster.node(placement.node).node
         known = [self.flavors[n] for n in spec.flavors if n in self.flavors]
         chosen = next((f for f in known if holds(f, node, placement)), known[0] if known else None)
-        return variant(task, chosen) if chosen is not None else task
+        return variant(base, chosen) if chosen is not None else task
 
     def _queue_gate(self, task: Task, memo: _CycleMemo) -> Pending | None:
         spec = self.quotas.specs.get(task.queue)
@@ -668,14 +725,20 @@ class Scheduler:
     def _preempt(self, task: Task, now: float) -> list[Decision]:
         """Plan and start a preemption for ``task`` (Kueue's ``GetTargets``, see
         :mod:`gputask.core.preemption`); [] when none helps."""
+        plan = self._plan(task)
+        return [] if plan is None else self._start(task, plan, now)
+
+    def _plan(self, task: Task) -> Plan | None:
+        """The preemption that would make room for ``task``, None when none does (the state is left as it was)."""
         spec, least = self.quotas.specs[task.queue], self._min_usage(task)
         if not may_preempt(spec, least, fair=self.quotas.fair_sharing(task.queue)):
-            return []
+            return None
         needing = needing_preemption(self.quotas, task, least)
         found = candidates(task, self.ledger.running_in, self.quotas, needing)
-        plan = Planner(self.cluster, self.quotas, self.policy).targets(task, found, self.strategies, needing)
-        if plan is None:
-            return []
+        return Planner(self.cluster, self.quotas, self.policy).targets(task, found, self.strategies, needing)
+
+    def _start(self, task: Task, plan: Plan, now: float) -> list[Decision]:
+        """Evict ``plan``'s victims and nominate ``task`` to their GPUs."""
         victims = [self.ledger.get(v.task.key) for v in plan.victims]
         for victim in plan.victims:
             self.requeue(victim.task.key)

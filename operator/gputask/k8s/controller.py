@@ -26,7 +26,13 @@ from gputask.core import InvalidTaskError, Placement, Scheduler, Task, TaskKey, 
 from gputask.core.reasons import Reason
 from gputask.k8s.foreign import ForeignPods
 from gputask.k8s.inventory import Inventory
-from gputask.k8s.jobs import ATTEMPT_ANNOTATION, PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, parse_placement
+from gputask.k8s.jobs import (
+    ATTEMPT_ANNOTATION,
+    FLAVOR_ANNOTATION,
+    PLACEMENT_ANNOTATION,
+    TASK_UID_ANNOTATION,
+    parse_placement,
+)
 from gputask.k8s.localqueues import LocalQueues
 from gputask.k8s.tasks import (
     ADMITTED,
@@ -65,6 +71,7 @@ class JobRecord:
     outcome: str | None = None  # Succeeded | Failed | None while running
     terminating: bool = False
     created: str = ""  # metadata.creationTimestamp (RFC 3339 sorts as time)
+    flavor: str = ""  # the ResourceFlavor it was admitted in (annotation gputask.io/flavor)
 
     @property
     def key(self) -> str:
@@ -114,6 +121,7 @@ def job_record(obj: Mapping[str, Any]) -> JobRecord | None:
         job_outcome(obj),
         bool(meta.get("deletionTimestamp")),
         str(meta.get("creationTimestamp") or ""),
+        str(annotations.get(FLAVOR_ANNOTATION) or ""),
     )
 
 
@@ -499,6 +507,7 @@ class Controller:
         record.generation = int(status.get("observedGeneration") or obj["metadata"].get("generation") or 0)
         record.phase = RUNNING if status.get("phase") == RUNNING else ADMITTED
         record.attempt, record.job_name, record.placement = job.attempt, job.name, job.placement
+        record.flavor = job.flavor or str(status.get("flavor") or "")  # where it was charged: restored there
         self.scheduler.set_reschedules(record.key, record.reschedules)
         if self._restoring is not None:
             self._restoring.append((job.created, record))  # restored in Job creation order (rebuild)
@@ -521,7 +530,7 @@ class Controller:
         """Put a placed task back in the books; one that over-commits a GPU with what came before it
         (two Jobs on one GPU's memory) is evicted: the earlier Job keeps the GPU."""
         assert record.task is not None and record.placement is not None
-        restored = self.scheduler.restore(record.task, record.placement, time.time())
+        restored = self.scheduler.restore(record.task, record.placement, time.time(), flavor=record.flavor or None)
         entry = self.scheduler.ledger.get(record.key)
         record.flavor = entry.task.flavor if entry is not None else ""
         if not restored:

@@ -23,6 +23,7 @@ API_VERSION = "gputask.io/v1alpha1"
 TASK_LABEL = "gputask.io/task"
 QUEUE_LABEL = "gputask.io/queue"
 FLAVOR_LABEL = "gputask.io/flavor"
+FLAVOR_ANNOTATION = "gputask.io/flavor"
 PLACEMENT_ANNOTATION = "gputask.io/placement"
 ATTEMPT_ANNOTATION = "gputask.io/attempt"
 TASK_UID_ANNOTATION = "gputask.io/task-uid"
@@ -121,8 +122,9 @@ def build_job(
     """
     annotation = placement_annotation(placement)
     job = job_shell(task_obj, attempt=attempt, queue=queue, annotations={PLACEMENT_ANNOTATION: annotation})
-    if flavor:
+    if flavor:  # the label selects (its value fitted to 63 characters); the annotation keeps the exact name
         job["metadata"]["labels"][FLAVOR_LABEL] = fit_name(flavor)
+        job["metadata"]["annotations"][FLAVOR_ANNOTATION] = flavor
     template = job["spec"]["template"]
     added = [_toleration(t) for t in tolerations]
     if added:
@@ -136,10 +138,11 @@ def build_job(
     return job
 
 
-def _toleration(t: Toleration) -> dict[str, str]:
+def _toleration(t: Toleration) -> dict[str, Any]:
     """A core/v1 Toleration dict (empty fields left out, as the API server prints them)."""
-    raw = {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect}
-    return {k: v for k, v in raw.items() if v}
+    raw: dict[str, Any] = {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect,
+                           "tolerationSeconds": t.seconds}
+    return {k: v for k, v in raw.items() if v not in ("", None)}
 
 
 def job_shell(

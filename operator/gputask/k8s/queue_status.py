@@ -120,12 +120,28 @@ def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
         out[name] = {
             "pendingTasks": report["pending"],
             "admittedTasks": report["admitted"],
-            "conditions": [_active(inventory.queue_errors.get(name))],
+            "conditions": [_queue_active(controller, name)],
             **_usage_status(controller.scheduler.quotas.specs.get(name), usage, borrowed),
         }
     for name, error in inventory.queue_errors.items():
         out.setdefault(name, {"conditions": [_active(error)]})
     return out
+
+
+def _queue_active(controller: Controller, name: str) -> dict[str, Any]:
+    """A GPUClusterQueue's Active condition: False for an invalid spec, or (Kueue's FlavorNotFound) while a
+    flavor it lists does not exist or is invalid."""
+    error = controller.inventory.queue_errors.get(name)
+    if error is not None:
+        return _active(error)
+    spec, scheduler = controller.scheduler.quotas.specs.get(name), controller.scheduler
+    missing = [f for f in spec.flavors if f not in scheduler.flavors] if spec is not None else []
+    if not missing:
+        return _active(None)
+    invalid = scheduler.invalid_flavors
+    why = "; ".join(f"GPUResourceFlavor {f} is invalid: {invalid[f]}" if f in invalid
+                    else f"GPUResourceFlavor {f} does not exist" for f in missing)
+    return _active(why, "FlavorNotFound")
 
 
 def _usage_status(spec: QueueSpec | None, usage: Mapping[str, int], borrowed: Mapping[str, int]) -> dict[str, Any]:

@@ -88,7 +88,9 @@ def _bad(message: str) -> InvalidTaskError:
 def _int_field(spec: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
     value = spec.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"spec.{name} must be an integer, got {value!r}")
+        finite = isinstance(value, float) and math.isfinite(value)
+        shown = f"{value:f}".rstrip("0").rstrip(".") if finite else repr(value)
+        raise _bad(f"spec.{name} must be an integer from {low} to {high}, got {shown}")
     if not low <= value <= high:
         raise _bad(f"spec.{name} must be between {low} and {high}, got {value}")
     return value
@@ -129,6 +131,15 @@ def _fraction_milli(value: Any) -> int:
     return max(1, math.ceil(share * MILLI_PER_GPU))
 
 
+def _json_type(value: Any) -> str:
+    """What a JSON value is, as a message says it: a list, a string, a number, a boolean."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float, Decimal)):
+        return "a number"
+    return {list: "a list", tuple: "a list", str: "a string"}.get(type(value), type(value).__name__)
+
+
 def task_from_manifest(
     obj: Mapping[str, Any],
     *,
@@ -150,8 +161,10 @@ def task_from_manifest(
     spec = obj.get("spec")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
         raise _bad("metadata.name is missing")
+    if spec is None:
+        raise _bad("spec is missing")
     if not isinstance(spec, Mapping):
-        raise _bad("spec is missing or not an object")
+        raise _bad(f"spec must be an object, got {_json_type(spec)}")
     labels = meta.get("labels") or {}
     queue = spec.get("queueName") or labels.get(QUEUE_LABEL)
     if not isinstance(queue, str) or not queue:

@@ -50,8 +50,8 @@ def flavor_from_manifest(name: str, spec: Any, to_mib: Callable[..., int]) -> Fl
         memory_mib = to_mib(memory, field="spec.gpuMemory") if memory is not None else None
     except ValueError as exc:
         raise InvalidQueueError(str(exc)) from None
-    if memory_mib is not None and memory_mib <= 0:
-        raise InvalidQueueError(f"spec.gpuMemory must be positive, got {memory!r}")
+    if memory_mib is not None and memory_mib < 1024:  # "1" or "100m" would charge every shared task a whole GPU
+        raise InvalidQueueError(f"spec.gpuMemory is the charging card size and must be at least 1Gi, got {memory!r}")
     return Flavor(
         name=name,
         node_labels=tuple(sorted((str(k), v) for k, v in labels.items())),

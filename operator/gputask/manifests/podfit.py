@@ -235,7 +235,7 @@ def parse_tolerations(raw: Any, field: str) -> tuple[Toleration, ...]:
         if seconds is not None and effect != "NoExecute":
             raise ValueError(f"{where}.effect: Invalid value: {effect!r}: effect must be 'NoExecute' when "
                              "`tolerationSeconds` is set")
-        out.append(Toleration(key, op, value, effect))
+        out.append(Toleration(key, op, value, effect, seconds))
     return tuple(out)
 
 

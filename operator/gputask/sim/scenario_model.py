@@ -16,13 +16,23 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
 from gputask.core.fit import Taint
@@ -34,7 +44,33 @@ EVENT_KINDS = (
     "submit", "delete", "nodeDown", "nodeUp", "nodeDeleted", "gpuUnhealthy", "nodeUpdate", "restartOperator",
 )
 
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MAX_SECONDS = 1e9
+"""The latest simulated time a scenario may name (about 31 years): later ones lose sub-second precision."""
+
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _subdomain(value: str) -> str:
+    if len(value) > 253 or not _SUBDOMAIN.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Kubernetes name: lower-case letters, digits, '-' and '.', starting "
+                         "and ending with a letter or digit, at most 253 characters")
+    return value
+
+
+def _label(value: str) -> str:
+    if len(value) > 63 or not _LABEL.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Kubernetes namespace name: lower-case letters, digits and '-', "
+                         "starting and ending with a letter or digit, at most 63 characters")
+    return value
+
+
+KubeName = Annotated[str, AfterValidator(_subdomain)]
+"""A Kubernetes object name (DNS subdomain, RFC 1123): nodes, queues, flavors, priority classes, tasks."""
+Namespace = Annotated[str, AfterValidator(_label)]
+"""A namespace name (DNS label, RFC 1123)."""
 
 
 class ScenarioError(Exception):
@@ -68,7 +104,7 @@ class NodeSpec(_Strict):
     is the node's name unless ``labels`` says otherwise, as the kubelet labels every Node.
     """
 
-    name: str = Field(min_length=1)
+    name: KubeName
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuSpec] = Field(min_length=1)
     cpu: Any = None
@@ -81,7 +117,7 @@ class NodeSpec(_Strict):
 class NodeUpdate(_Strict):
     """``nodeUpdate``: replace the given fields of a node at that instant (label, taint, cordon)."""
 
-    name: str = Field(min_length=1)
+    name: KubeName
     labels: dict[str, str] | None = None
     taints: list[TaintSpec] | None = None
     unschedulable: StrictBool | None = None
@@ -90,21 +126,21 @@ class NodeUpdate(_Strict):
 class QueueEntry(_Strict):
     """A GPUClusterQueue: its name and its spec as in the CRD."""
 
-    name: str = Field(min_length=1)
+    name: KubeName
     spec: dict[str, Any] = Field(default_factory=dict)
 
 
 class FlavorEntry(_Strict):
     """A GPUResourceFlavor: its name and its spec as in the CRD."""
 
-    name: str = Field(min_length=1)
+    name: KubeName
     spec: dict[str, Any] = Field(default_factory=dict)
 
 
 class PriorityClassSpec(_Strict):
     """A PriorityClass (or Kueue WorkloadPriorityClass): name and value."""
 
-    name: str = Field(min_length=1)
+    name: KubeName
     value: int
 
 
@@ -117,8 +153,8 @@ class TaskMetadata(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
-    name: str = Field(min_length=1)
-    namespace: str = Field("default", min_length=1)
+    name: KubeName
+    namespace: Namespace = "default"
     labels: dict[str, str] = Field(default_factory=dict)
     creation_timestamp: str | Seconds | None = Field(None, alias="creationTimestamp")
 
@@ -146,7 +182,7 @@ class Submit(_Strict):
     kind: str | None = None
     metadata: TaskMetadata
     spec: Any = None
-    duration: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    duration: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] | None = None
 
     @property
     def key(self) -> str:
@@ -162,8 +198,8 @@ class Submit(_Strict):
 class TaskRef(_Strict):
     """Name and namespace of a task."""
 
-    name: str = Field(min_length=1)
-    namespace: str = Field("default", min_length=1)
+    name: KubeName
+    namespace: Namespace = "default"
 
     @property
     def key(self) -> str:
@@ -174,13 +210,13 @@ class TaskRef(_Strict):
 class NodeRef(_Strict):
     """A node by name."""
 
-    name: str = Field(min_length=1)
+    name: KubeName
 
 
 class GpuRef(_Strict):
     """One GPU: node name and GPU index."""
 
-    node: str = Field(min_length=1)
+    node: KubeName
     index: int = Field(ge=0)
 
 
