@@ -10,6 +10,8 @@ Two measurements, each in this one process (no pool), written to ``bench/results
    product) in four GPUClusterQueues of one cohort with nominal quotas, scheduled by the full
    ``Scheduler.cycle`` (queue order, quota, placement, preemption planning when nothing fits)
    until a cycle admits nothing more; admissions per second over the cycles' wall time.
+3. **syntheticFlavors**: part 2 with the quota split into one ResourceFlavor per product (the default
+   policy only): what trying a task in each flavor in turn costs.
 
 Peak RSS (``resource.getrusage``) is reported after each part; it only grows, so a later
 part's figure covers the earlier ones. Timings depend on the machine: the JSON names it.
@@ -43,6 +45,7 @@ from gputask.core import (
     TaskKey,
     make_policy,
 )
+from gputask.core.flavors import Flavor, flavored
 from gputask.sim.trace import GPU_MIB, RunSpec, build_nodes, load_trace, replay, workload
 
 GIB = 1024
@@ -118,15 +121,27 @@ def synthetic_task(i: int, rng: random.Random, queues: list[str]) -> Task:
     return Task(TaskKey(f"{queue}/task-{i:06d}"), queue, request, priority=rng.choice([0, 0, 0, 100]), created=float(i))
 
 
-def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7) -> dict[str, Any]:
-    """Part 2: the full scheduling cycle with quota on a big synthetic cluster."""
+def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7, *, flavors: bool = False) -> dict[str, Any]:
+    """Part 2: the full scheduling cycle with quota on a big synthetic cluster; with ``flavors`` (part 3)
+    the same cluster, tasks and total quota, split into one ResourceFlavor per product (each queue's
+    quota of a flavor in proportion to the product's share), which every task tries in turn."""
     rng = random.Random(seed)
     scheduler = Scheduler(policy=make_policy(policy), nodes=synthetic_nodes(nodes, rng))
     queues = ["team-a", "team-b", "team-c", "team-d"]
     gpus = nodes * 8
+    names = [product.split("-")[-1].lower() for product, _, _ in PRODUCTS]
+    if flavors:
+        for name, (product, _, _) in zip(names, PRODUCTS, strict=True):
+            scheduler.set_flavor(Flavor(name, gpu_products=frozenset([product])))
     for name in queues:  # nominal quotas sum to 90% of the GPUs: quota binds for some queues
-        quota = {GPU: ResourceQuota(nominal=gpus * 1000 * 9 // 40, borrowing_limit=gpus * 1000 // 10)}
-        scheduler.set_queue(QueueSpec(name=name, cohort="org", quotas=quota))
+        nominal, borrowing = gpus * 1000 * 9 // 40, gpus * 1000 // 10
+        if flavors:
+            quota = {flavored(GPU, f): ResourceQuota(int(nominal * share), int(borrowing * share))
+                     for f, (_, _, share) in zip(names, PRODUCTS, strict=True)}
+            scheduler.set_queue(QueueSpec(name=name, cohort="org", quotas=quota, flavors=tuple(names)))
+        else:
+            quota = {GPU: ResourceQuota(nominal=nominal, borrowing_limit=borrowing)}
+            scheduler.set_queue(QueueSpec(name=name, cohort="org", quotas=quota))
     for i in range(tasks):
         scheduler.submit(synthetic_task(i, rng, queues))
     admitted, cycles, cycle_seconds = 0, [], 0.0
@@ -138,7 +153,8 @@ def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7) -> dict[
         cycles.append({"seconds": round(elapsed, 3), "admitted": new, "decisions": len(decisions)})
         cycle_seconds += elapsed
         admitted += new
-        print(f"speed: synthetic cycle {len(cycles)}: {new} admitted in {elapsed:.2f} s", file=sys.stderr)
+        what = "synthetic (flavors)" if flavors else "synthetic"
+        print(f"speed: {what} cycle {len(cycles)}: {new} admitted in {elapsed:.2f} s", file=sys.stderr)
         if not new or len(cycles) >= 5:
             break
     return {
@@ -147,6 +163,7 @@ def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7) -> dict[
         "pendingTasks": tasks,
         "policy": policy,
         "queues": len(queues),
+        "flavors": len(names) if flavors else 0,
         "admitted": admitted,
         "stillPending": len(scheduler.pending),
         "cycles": cycles,
@@ -171,10 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "trace": trace_speed(args.trace_dir, args.policies.split(",")),
         "synthetic": {p: synthetic_speed(args.nodes, args.tasks, p) for p in args.synthetic_policies.split(",")},
+        "syntheticFlavors": {DEFAULT_POLICY: synthetic_speed(args.nodes, args.tasks, DEFAULT_POLICY, flavors=True)},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for body in result["synthetic"].values():
+    for body in [*result["synthetic"].values(), *result["syntheticFlavors"].values()]:
         print(json.dumps({k: v for k, v in body.items() if k != "cycles"}), file=sys.stderr)
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputask.config import Config
-from gputask.k8s.client import GPUCLUSTERQUEUES, GPURESOURCEFLAVORS, JOBS, NODES
+from gputask.k8s.client import GPUCLUSTERQUEUES, GPURESOURCEFLAVORS, JOBS, NODES, NotFound
 from harness import Cluster, eventually, gputask, running_operator
 
 FAST = Config(cycleInterval=0.2)
@@ -150,3 +150,53 @@ async def test_a_queue_is_not_active_while_a_flavor_it_lists_is_missing(cluster:
 
         assert await eventually(ready) == ("True", "Ready", "Can admit new tasks")
     assert missing == ("False", "FlavorNotFound", "GPUResourceFlavor a10 does not exist")
+
+
+async def test_a_flavor_with_admitted_tasks_goes_only_once_they_finish(cluster: Cluster) -> None:
+    """Kueue's resource-in-use finalizer on a flavor: deleted while a task admitted in it runs, it stays
+    (its queue says the flavor is being deleted and admits nothing new in it) until that task's Job completes."""
+    await cluster.add_node("a", A10, A10B)
+    await flavor(cluster, "a10", gpuProducts=["NVIDIA-A10"])
+    await cluster.add_queue(resourceGroups=groups(a10=2))
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("running"))
+
+        async def finalized() -> list[str] | None:
+            found = (await cluster.client.get(GPURESOURCEFLAVORS, "a10"))["metadata"].get("finalizers")
+            job = await _job(cluster, "running-1")
+            return found if found and job else None
+
+        finalizers = await eventually(finalized)
+        await cluster.client.delete(GPURESOURCEFLAVORS, "a10")
+        await cluster.submit(gputask("late"))
+
+        async def late_waits() -> str | None:
+            status = (await cluster.task("late")).get("status") or {}
+            found = next((c for c in status.get("conditions") or [] if c["type"] == "Admitted"), None)
+            return found["message"].split(" (position")[0] if found and found["reason"] == "QueueInactive" else None
+
+        waits = await eventually(late_waits)
+        still = (await cluster.client.get(GPURESOURCEFLAVORS, "a10"))["metadata"].get("deletionTimestamp")
+        complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+        await cluster.client.patch(JOBS, "running-1", complete, "default", status=True)
+
+        async def gone() -> bool | None:
+            try:
+                await cluster.client.get(GPURESOURCEFLAVORS, "a10")
+            except NotFound:
+                return True
+            return None
+
+        assert await eventually(gone)
+    assert (finalizers, bool(still), waits) == (
+        ["gputask.io/queue-in-use"], True,
+        "GPUClusterQueue 'default' is inactive: GPUResourceFlavor a10 is being deleted: it waits for the tasks "
+        "admitted in it to finish (its finalizer stays until then)",
+    )
+
+
+async def _job(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    try:
+        return await cluster.client.get(JOBS, name, "default")
+    except NotFound:
+        return None

@@ -123,5 +123,6 @@ def test_operator_writes_only_status_of_its_custom_resources() -> None:
         ("gpuclusterqueues", "patch"),
         ("gpulocalqueues/status", "patch"),
         ("gpulocalqueues", "patch"),
+        ("gpuresourceflavors", "patch"),
         ("gpunodes/status", "patch"),
     }

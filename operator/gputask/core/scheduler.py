@@ -156,7 +156,7 @@ class Scheduler:
         self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
         self.flavors: dict[str, Flavor] = {}  # GPUResourceFlavors by name
-        self.invalid_flavors: dict[str, str] = {}  # flavors that exist with an unreadable spec: name -> why
+        self.invalid_flavors: dict[str, str] = {}  # flavors that exist but cannot be used: name -> why (a predicate)
         self._variant_cache: dict[TaskKey, tuple[Task, QueueSpec, list[Task]]] = {}  # this cycle's flavored tasks
         self._carry: list[Decision] = []  # decisions made outside a cycle, emitted by the next one
         self._departures = itertools.count(1)  # names the holds of evicted workloads
@@ -187,8 +187,9 @@ class Scheduler:
         self.invalid_flavors.pop(flavor.name, None)
 
     def remove_flavor(self, name: str, *, invalid: str | None = None) -> None:
-        """Forget a ResourceFlavor: queues that list it admit nothing until it is back (Kueue: FlavorNotFound),
-        saying it is ``invalid`` (why) when it exists with a spec that cannot be read."""
+        """Forget a ResourceFlavor: queues that list it admit nothing until it is back (Kueue: FlavorNotFound);
+        ``invalid`` says why when it exists but cannot be used, as a predicate (``is invalid: ...``, ``is
+        being deleted: ...``); None: it does not exist."""
         self.flavors.pop(name, None)
         if invalid is None:
             self.invalid_flavors.pop(name, None)
@@ -669,8 +670,7 @@ class Scheduler:
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
         missing = [n for n in spec.flavors if n not in self.flavors]
         if missing:  # Kueue: the ClusterQueue is inactive, FlavorNotFound
-            why = "; ".join(f"{n} is invalid: {self.invalid_flavors[n]}" if n in self.invalid_flavors
-                            else f"{n} does not exist" for n in missing)
+            why = "; ".join(f"{n} {self.invalid_flavors.get(n, 'does not exist')}" for n in missing)
             return Pending(task, QUEUE_INACTIVE, f"GPUClusterQueue {task.queue!r} is inactive: GPUResourceFlavor {why}")
         uncovered = spec.uncovered()
         if uncovered is not None:

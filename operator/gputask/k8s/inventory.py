@@ -89,6 +89,7 @@ class Inventory:
         self.stale: set[str] = set()
         self.queue_errors: dict[str, str] = {}
         self.flavor_errors: dict[str, str] = {}  # GPUResourceFlavors whose spec is invalid: name -> why
+        self.flavor_meta: dict[str, QueueMeta] = {}  # GPUResourceFlavors as last seen (finalizer upkeep)
         # GPUClusterQueues as last seen: finalizers, resourceVersion, whether being deleted (finalizer upkeep)
         self.queue_meta: dict[str, QueueMeta] = {}
         self.gpunode_errors: dict[str, list[str]] = {}
@@ -322,19 +323,31 @@ class Inventory:
             return
         if deleted:
             self.flavor_errors.pop(name, None)
+            self.flavor_meta.pop(name, None)
             self.scheduler.remove_flavor(name)
+            return
+        meta = _mapping(obj.get("metadata"))
+        terminating = bool(meta.get("deletionTimestamp"))
+        finalizers = tuple(str(f) for f in meta.get("finalizers") or ())
+        self.flavor_meta[name] = QueueMeta(finalizers, str(meta.get("resourceVersion") or ""), terminating)
+        if terminating:  # as a queue being deleted: nothing new is admitted in it; its admitted work runs on
+            self.flavor_errors.pop(name, None)
+            self.scheduler.remove_flavor(name, invalid=FLAVOR_TERMINATING)
             return
         try:
             flavor = convert.flavor_from_manifest(name, obj.get("spec"))
         except (InvalidQueueError, ValueError) as exc:
             self.flavor_errors[name] = str(exc)
-            self.scheduler.remove_flavor(name, invalid=str(exc))
+            self.scheduler.remove_flavor(name, invalid=f"is invalid: {exc}")
             return
         self.flavor_errors.pop(name, None)
         self.scheduler.set_flavor(flavor)
 
 
 TERMINATING = "it is being deleted, and waits for its admitted tasks to finish (its finalizer stays until then)"
+FLAVOR_TERMINATING = (
+    "is being deleted: it waits for the tasks admitted in it to finish (its finalizer stays until then)"
+)
 QUEUE_FINALIZER = "gputask.io/queue-in-use"
 """Kept on every GPUClusterQueue while it has admitted tasks (Kueue's ``kueue.x-k8s.io/resource-in-use``)."""
 

@@ -17,7 +17,15 @@ from gputask.core import Task
 from gputask.core.flavors import flavored, split_key
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec
 from gputask.core.reasons import Reason
-from gputask.k8s.client import GPUCLUSTERQUEUES, GPULOCALQUEUES, ApiError, Conflict, NotFound, Resource
+from gputask.k8s.client import (
+    GPUCLUSTERQUEUES,
+    GPULOCALQUEUES,
+    GPURESOURCEFLAVORS,
+    ApiError,
+    Conflict,
+    NotFound,
+    Resource,
+)
 from gputask.k8s.controller import Controller
 from gputask.k8s.inventory import QUEUE_FINALIZER
 from gputask.k8s.writer import Fenced, Writer, now_rfc3339
@@ -25,6 +33,7 @@ from gputask.k8s.writer import Fenced, Writer, now_rfc3339
 log = logging.getLogger("gputask.queues")
 
 QueueId = tuple[str | None, str]  # (namespace, name); namespace None for a GPUClusterQueue
+FLAVOR = "\x00flavor"  # the "namespace" of a GPUResourceFlavor's id (cluster-scoped; no namespace is named so)
 
 
 class QueueUpkeep:
@@ -41,8 +50,9 @@ class QueueUpkeep:
         self._reports.clear()
 
     async def keep_finalizers(self) -> None:
-        """Every GPUClusterQueue and GPULocalQueue carries :data:`QUEUE_FINALIZER`; one being deleted keeps
-        it until none of its tasks is admitted (running or nominated), then it goes."""
+        """Every GPUClusterQueue, GPULocalQueue and GPUResourceFlavor carries :data:`QUEUE_FINALIZER`; one being
+        deleted keeps it until none of its tasks (for a flavor: tasks admitted in it) is admitted (running
+        or nominated), then it goes, as Kueue's resource-in-use finalizer."""
         lqs = self.controller.local_queues
         admitted: set[QueueId] = set()
         for t in admitted_tasks(self.controller):
@@ -57,6 +67,12 @@ class QueueUpkeep:
             (GPULOCALQUEUES, (q.namespace, q.name), q.finalizers, q.resource_version, q.terminating)
             for _, q in sorted(self.controller.local_queues.queues.items())
         ]
+        flavors = {t.flavor for t in admitted_tasks(self.controller) if t.flavor}
+        admitted |= {(FLAVOR, f) for f in flavors}
+        queues += [
+            (GPURESOURCEFLAVORS, (FLAVOR, name), m.finalizers, m.resource_version, m.terminating)
+            for name, m in sorted(self.controller.inventory.flavor_meta.items())
+        ]
         for resource, qid, finalizers, version, terminating in queues:
             has = QUEUE_FINALIZER in finalizers
             if not terminating and not has:
@@ -69,7 +85,7 @@ class QueueUpkeep:
                 continue  # written for this version already: wait for the watch to show it
             patch = {"metadata": {"finalizers": wanted, "resourceVersion": version}}
             try:
-                await self.writer.patch(resource, qid[1], patch, qid[0])
+                await self.writer.patch(resource, qid[1], patch, None if qid[0] == FLAVOR else qid[0])
             except Conflict:
                 pass  # that version is stale: the watch brings the newer one, and the next pass tries it
             except ApiError as exc:
@@ -138,9 +154,7 @@ def _queue_active(controller: Controller, name: str) -> dict[str, Any]:
     missing = [f for f in spec.flavors if f not in scheduler.flavors] if spec is not None else []
     if not missing:
         return _active(None)
-    invalid = scheduler.invalid_flavors
-    why = "; ".join(f"GPUResourceFlavor {f} is invalid: {invalid[f]}" if f in invalid
-                    else f"GPUResourceFlavor {f} does not exist" for f in missing)
+    why = "; ".join(f"GPUResourceFlavor {f} {scheduler.invalid_flavors.get(f, 'does not exist')}" for f in missing)
     return _active(why, "FlavorNotFound")
 
 

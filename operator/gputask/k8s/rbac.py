@@ -113,6 +113,7 @@ OPERATOR: tuple[Rule, ...] = (
     rule(GPUCLUSTERQUEUES, "patch", why="the queue-in-use finalizer: no queue deleted under its admitted tasks"),
     rule(GPULOCALQUEUES, "patch", sub="status", why="pending and admitted counts and usage of each local queue"),
     rule(GPULOCALQUEUES, "patch", why="the queue-in-use finalizer: no local queue deleted under its admitted tasks"),
+    rule(GPURESOURCEFLAVORS, "patch", why="the in-use finalizer: no flavor deleted under the tasks admitted in it"),
     rule(GPUNODES, "patch", sub="status", why="the Accepted condition: which GPU entries of the report it refused"),
     rule(JOBS, "create", "delete", why="one pinned Job per admission; deleted on eviction, preemption, task deletion"),
     rule(JOBS, "get", why="after a 409 on create: check the existing Job was made for this task (its uid)"),
