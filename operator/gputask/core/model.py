@@ -157,8 +157,10 @@ class Task:
     def fit_key(self) -> tuple[object, ...]:
         """Everything placement and quota read of the task: two tasks with equal keys fit the same nodes alike
         and charge the same quota (the flavor is part of it: two flavors alike to placement differ in quota)."""
-        return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints, self.flavor,
-                self.card_mib)
+        if self.flavor:
+            return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints, self.flavor,
+                    self.card_mib)
+        return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints)
 
     @property
     def namespace(self) -> str:
