@@ -221,3 +221,31 @@ def test_a_local_queue_re_created_elsewhere_counts_only_the_tasks_it_admits() ->
     assert (status["pendingTasks"], status["admittedTasks"], status["usage"]) == (
         1, 0, [{"name": "gputask.io/gpu-memory", "total": "0Mi"}, {"name": "nvidia.com/gpu", "total": "0m"}],
     )  # fmt: skip
+
+
+def test_a_local_queue_is_inactive_while_its_cluster_queue_cannot_admit() -> None:
+    """Held (stopPolicy) or listing a missing flavor, the GPUClusterQueue's Active is False (Kueue's Stopped,
+    FlavorNotFound), and the GPULocalQueue pointing at it says ClusterQueueIsInactive with why."""
+    from gputask.k8s.queue_status import local_queue_statuses, queue_statuses
+
+    c = controller()
+    c.on_queue({"metadata": {"name": "held"}, "spec": {**OPEN, "stopPolicy": "Hold"}})
+    groups = [{"coveredResources": ["nvidia.com/gpu"],
+               "flavors": [{"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1}]}]}]
+    c.on_queue({"metadata": {"name": "flavored"}, "spec": {"namespaceSelector": {}, "resourceGroups": groups}})
+    c.on_local_queue(local_queue("a", "ns", "held"))
+    c.on_local_queue(local_queue("b", "ns", "flavored"))
+
+    def active(status: dict[str, Any]) -> tuple[str, str, str]:
+        (cond,) = status["conditions"]
+        return cond["status"], cond["reason"], cond["message"]
+
+    cluster, local = queue_statuses(c), local_queue_statuses(c)
+    assert (active(cluster["held"]), active(cluster["flavored"]), active(local[("ns", "a")]),
+            active(local[("ns", "b")])) == (
+        ("False", "Stopped", "stopPolicy Hold: admits nothing new"),
+        ("False", "FlavorNotFound", "GPUResourceFlavor h100 does not exist"),
+        ("False", "ClusterQueueIsInactive", "GPUClusterQueue 'held' cannot admit: stopPolicy Hold: admits nothing new"),
+        ("False", "ClusterQueueIsInactive", "GPUClusterQueue 'flavored' cannot admit: GPUResourceFlavor h100 does not "
+                                            "exist"),
+    )

@@ -737,3 +737,35 @@ def test_runs_are_the_same_whatever_the_hash_seed(tmp_path: Path) -> None:
         for seed in ("1", "2")
     ]
     assert (len(outputs[0]) > 1000, outputs[0] == outputs[1]) == (True, True)
+
+
+def test_a_scenario_with_flavors_charges_each_and_its_table_sums_them(tmp_path: Path) -> None:
+    """resourceFlavors and resourceGroups in a scenario: an A10 and a T4 quota'd separately; the JSON has the
+    usage per flavor, the printed table the sum (GPUs used 2)."""
+    from rich.console import Console
+
+    from gputask.sim.scenario_report import print_table
+
+    groups = [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+        {"name": "a10", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1}]},
+        {"name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1}]}]}]
+    doc = scenario(
+        [node("node-a", "24Gi"), node("node-b", "16Gi", product="Tesla-T4")],
+        [submit("x", duration=100), submit("y", duration=100), submit("z", duration=100)],
+    ) | {
+        "resourceFlavors": [{"name": "a10", "spec": {"gpuProducts": ["NVIDIA-A10"]}},
+                            {"name": "t4", "spec": {"gpuProducts": ["Tesla-T4"]}}],
+        "queues": [{"name": "default", "spec": {"resourceGroups": groups}}],
+        "until": 50,
+    }
+    result = run_scenario(doc)
+    console = Console(width=120, record=True)
+    print_table(result, console)
+    table = console.export_text()
+    queues = table[table.index("queues"):]
+    row = next(line for line in queues.splitlines() if " default " in line)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert ({k: v for k, v in result["queues"]["default"]["usage"].items() if k.startswith("nvidia")},
+            result["queues"]["default"]["pending"], cells[1:3]) == (
+        {"nvidia.com/gpu@a10": 1000, "nvidia.com/gpu@t4": 1000}, 1, ["2", "40960"],
+    )

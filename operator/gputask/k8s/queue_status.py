@@ -145,12 +145,14 @@ def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
 
 
 def _queue_active(controller: Controller, name: str) -> dict[str, Any]:
-    """A GPUClusterQueue's Active condition: False for an invalid spec, or (Kueue's FlavorNotFound) while a
-    flavor it lists does not exist or is invalid."""
+    """A GPUClusterQueue's Active condition: False for an invalid spec, while stopped (Kueue's Stopped), or
+    (Kueue's FlavorNotFound) while a flavor it lists does not exist, is invalid or is being deleted."""
     error = controller.inventory.queue_errors.get(name)
     if error is not None:
         return _active(error)
     spec, scheduler = controller.scheduler.quotas.specs.get(name), controller.scheduler
+    if spec is not None and spec.stop_policy != "None":  # Kueue: Active False, reason Stopped
+        return _active(f"stopPolicy {spec.stop_policy}: admits nothing new", "Stopped")
     missing = [f for f in spec.flavors if f not in scheduler.flavors] if spec is not None else []
     if not missing:
         return _active(None)
@@ -237,6 +239,9 @@ def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]
             why = controller.inventory.queue_errors.get(str(lq.cluster_queue))
             reason = "ClusterQueueIsInactive"
             error = f"GPUClusterQueue {lq.cluster_queue!r} " + (f"is inactive: {why}" if why else "does not exist")
+        elif (target := _queue_active(controller, str(lq.cluster_queue)))["status"] == "False":
+            reason = "ClusterQueueIsInactive"
+            error = f"GPUClusterQueue {lq.cluster_queue!r} cannot admit: {target['message']}"
         used = usage.get(where, {GPU: 0, GPU_MEMORY: 0})
         out[where] = {
             "pendingTasks": pending.get(where, 0),

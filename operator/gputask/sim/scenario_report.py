@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gputask.core.flavors import split_key
+
 GPU = "nvidia.com/gpu"
 GPU_MEMORY = "gputask.io/gpu-memory"
 
@@ -62,7 +64,9 @@ def _queues_table(queues: dict[str, dict[str, Any]]) -> Table:
     for name in ("GPUs used", "MiB used", "pending", "admitted"):
         table.add_column(name, justify="right")
     for name, q in queues.items():
-        usage = q["usage"]
+        usage: dict[str, int] = {}
+        for key, amount in q["usage"].items():  # summed over a queue's flavors (keys nvidia.com/gpu@<flavor>)
+            usage[split_key(key)[0]] = usage.get(split_key(key)[0], 0) + amount
         table.add_row(
             name,
             f"{usage.get(GPU, 0) / 1000:g}",
