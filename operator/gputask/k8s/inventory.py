@@ -296,11 +296,8 @@ class Inventory:
             self.queue_errors.pop(name, None)
             self.queue_meta.pop(name, None)
             return
-        meta = _mapping(obj.get("metadata"))
-        terminating = bool(meta.get("deletionTimestamp"))
-        finalizers = tuple(str(f) for f in meta.get("finalizers") or ())
-        self.queue_meta[name] = QueueMeta(finalizers, str(meta.get("resourceVersion") or ""), terminating)
-        if terminating:  # Kueue: a ClusterQueue being deleted admits nothing new; its admitted work runs on
+        self.queue_meta[name] = meta = QueueMeta.of(obj)
+        if meta.terminating:  # Kueue: a ClusterQueue being deleted admits nothing new; its admitted work runs on
             self.queue_errors.pop(name, None)
             self.scheduler.remove_queue(name, invalid=TERMINATING)
             return
@@ -312,7 +309,6 @@ class Inventory:
             return
         self.queue_errors.pop(name, None)
         self.scheduler.set_queue(spec)
-
 
     # -- flavors ---------------------------------------------------------------------------
     def on_flavor(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
@@ -326,11 +322,8 @@ class Inventory:
             self.flavor_meta.pop(name, None)
             self.scheduler.remove_flavor(name)
             return
-        meta = _mapping(obj.get("metadata"))
-        terminating = bool(meta.get("deletionTimestamp"))
-        finalizers = tuple(str(f) for f in meta.get("finalizers") or ())
-        self.flavor_meta[name] = QueueMeta(finalizers, str(meta.get("resourceVersion") or ""), terminating)
-        if terminating:  # as a queue being deleted: nothing new is admitted in it; its admitted work runs on
+        self.flavor_meta[name] = meta = QueueMeta.of(obj)
+        if meta.terminating:  # as a queue being deleted: nothing new is admitted in it; its admitted work runs on
             self.flavor_errors.pop(name, None)
             self.scheduler.remove_flavor(name, invalid=FLAVOR_TERMINATING)
             return
@@ -354,11 +347,19 @@ QUEUE_FINALIZER = "gputask.io/queue-in-use"
 
 @dataclass(frozen=True, slots=True)
 class QueueMeta:
-    """What finalizer upkeep needs of a GPUClusterQueue: its finalizers, resourceVersion, deletion."""
+    """What finalizer upkeep needs of a GPUClusterQueue (or GPUResourceFlavor): its finalizers,
+    resourceVersion, deletion."""
 
     finalizers: tuple[str, ...]
     resource_version: str
     terminating: bool
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> QueueMeta:
+        """What an object's metadata says of it (GPUClusterQueue or GPUResourceFlavor)."""
+        meta = _mapping(obj.get("metadata"))
+        finalizers = tuple(str(f) for f in meta.get("finalizers") or ())
+        return cls(finalizers, str(meta.get("resourceVersion") or ""), bool(meta.get("deletionTimestamp")))
 
 
 def _track_value(into: dict[str, int], obj: Mapping[str, Any], deleted: bool) -> None:
