@@ -44,6 +44,43 @@ class OperatorMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.pending = Gauge("gputask_pending_tasks", "Tasks waiting in each queue.", ["queue"], registry=r)
+        self.pending_by_status = Gauge(
+            "gputask_pending_tasks_by_status",
+            "Tasks waiting in each queue: active (may be admitted as the cluster changes) or inadmissible (can "
+            "never fit the queue or any node as they are; Kueue's kueue_pending_workloads status label).",
+            ["queue", "status"],
+            registry=r,
+        )
+        self.nominal = Gauge(
+            "gputask_queue_nominal_quota",
+            "nominalQuota per queue, flavor ('' for flat resources) and resource (GPUs, bytes).",
+            ["queue", "flavor", "resource"],
+            registry=r,
+        )
+        self.borrowing_limit = Gauge(
+            "gputask_queue_borrowing_limit",
+            "borrowingLimit per queue, flavor and resource, where one is set (same units).",
+            ["queue", "flavor", "resource"],
+            registry=r,
+        )
+        self.lending_limit = Gauge(
+            "gputask_queue_lending_limit",
+            "lendingLimit per queue, flavor and resource, where one is set (same units).",
+            ["queue", "flavor", "resource"],
+            registry=r,
+        )
+        self.gpu_reserved = Gauge(
+            "gputask_gpu_memory_reserved_bytes",
+            "GPU memory reserved by gputask on each GPU (label gpu: its NVML index).",
+            ["node", "gpu"],
+            registry=r,
+        )
+        self.gpu_free = Gauge(
+            "gputask_gpu_memory_free_bytes",
+            "GPU memory free for gputask on each GPU (0 when unhealthy or held whole).",
+            ["node", "gpu"],
+            registry=r,
+        )
         self.admitted = Gauge("gputask_admitted_tasks", "Tasks admitted and not finished.", ["queue"], registry=r)
         self.usage = Gauge(
             "gputask_queue_usage",
@@ -81,7 +118,8 @@ class OperatorMetrics:
         )
         self.latency = Histogram(
             "gputask_admission_latency_seconds",
-            "Time from GPUTask creation to its Job's creation.",
+            "Time from GPUTask creation to its Job's creation, per GPUClusterQueue (Kueue's admission wait time).",
+            ["queue"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -118,8 +156,25 @@ class OperatorMetrics:
                 counts[name] = counts.get(name, 0) + 1
         for name, count in counts.items():
             self.by_filter.labels(name).set(count)
+        inadmissible: dict[str, int] = {}
+        for task in scheduler.pending:
+            if scheduler.reasons.get(task.key, ("",))[0] == "Inadmissible":
+                inadmissible[task.queue] = inadmissible.get(task.queue, 0) + 1
+        for gauge in (self.nominal, self.borrowing_limit, self.lending_limit):
+            gauge.clear()  # a queue or flavor removed since takes its series with it
+        for name, spec in scheduler.quotas.specs.items():
+            for key, quota in spec.quotas.items():
+                resource, flavor = split_key(key)
+                self.nominal.labels(name, flavor, resource).set(_base(resource, quota.nominal))
+                if quota.borrowing_limit is not None:
+                    self.borrowing_limit.labels(name, flavor, resource).set(_base(resource, quota.borrowing_limit))
+                if quota.lending_limit is not None:
+                    self.lending_limit.labels(name, flavor, resource).set(_base(resource, quota.lending_limit))
         for queue, report in scheduler.queue_status().items():
             self.pending.labels(queue).set(report["pending"])  # type: ignore[arg-type]
+            waiting = int(report["pending"])  # type: ignore[call-overload]
+            self.pending_by_status.labels(queue, "inadmissible").set(inadmissible.get(queue, 0))
+            self.pending_by_status.labels(queue, "active").set(waiting - inadmissible.get(queue, 0))
             self.admitted.labels(queue).set(report["admitted"])  # type: ignore[arg-type]
             usage, borrowed = report["usage"], report["borrowed"]
             assert isinstance(usage, dict) and isinstance(borrowed, dict)
@@ -134,10 +189,15 @@ class OperatorMetrics:
             for resource, (used, lent) in totals.items():
                 self.usage.labels(queue, resource).set(_base(resource, used))
                 self.borrowed.labels(queue, resource).set(_base(resource, lent))
+        self.gpu_reserved.clear()
+        self.gpu_free.clear()
         for state in scheduler.cluster.sorted_nodes():
             free = sum(state.free_mib(p) for p in range(len(state.node.gpus)))
             self.reserved.labels(state.name).set(sum(state.reserved_mib) * MIB)
             self.free.labels(state.name).set(free * MIB)
+            for pos, gpu in enumerate(state.node.gpus):
+                self.gpu_reserved.labels(state.name, str(gpu.index)).set(state.reserved_mib[pos] * MIB)
+                self.gpu_free.labels(state.name, str(gpu.index)).set(state.free_mib(pos) * MIB)
         self.fragmentation.set(fragmentation_ratio(scheduler))
 
 

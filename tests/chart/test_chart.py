@@ -17,6 +17,7 @@ import yaml
 
 import crdschema
 import helmtool
+from gputask.agent.metrics import AgentMetrics
 from gputask.config import Config, load_config
 from gputask.core.placement import POLICIES
 from gputask.k8s import rbac
@@ -562,7 +563,8 @@ def test_service_monitor_scrapes_both_metrics_services_only_when_enabled(
 def test_dashboard_config_map_carries_the_dashboard_with_every_metric(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    """The dashboard ConfigMap has the sidecar label and the dashboard, which charts exactly the operator's metrics."""
+    """The dashboard ConfigMap has the sidecar label and the dashboard, which charts exactly the operator's and
+    the agent's metrics."""
     config_map = find(rendered["default-values.yaml"], "ConfigMap", "gputask-dashboard")
     dashboard = json.loads(config_map["data"]["gputask.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
@@ -573,12 +575,18 @@ def test_dashboard_config_map_carries_the_dashboard_with_every_metric(
         metrics >= REQUIRED_DASHBOARD_METRICS,
         metrics,
     )
-    assert summary == ("1", True, True, operator_metric_names())
+    assert summary == ("1", True, True, operator_metric_names() | agent_metric_names())
 
 
 def operator_metric_names() -> set[str]:
     """The names of the metrics the operator exports (counters with their _total suffix)."""
     families = OperatorMetrics().registry.collect()
+    return {f.name + ("_total" if f.type == "counter" else "") for f in families}
+
+
+def agent_metric_names() -> set[str]:
+    """The names of the metrics the node agent exports (the dashboard charts its per-GPU series too)."""
+    families = AgentMetrics("node").registry.collect()
     return {f.name + ("_total" if f.type == "counter" else "") for f in families}
 
 

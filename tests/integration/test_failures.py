@@ -77,7 +77,12 @@ async def test_preemption_end_to_end(cluster: Cluster) -> None:
             "bytes": sample("gputask_queue_usage", {**q, "resource": "gputask.io/gpu-memory"}),
             "reserved": sample("gputask_node_gpu_memory_reserved_bytes", {"node": "node-a"}),
             "free": sample("gputask_node_gpu_memory_free_bytes", {"node": "node-a"}),
-            "latency_count": sample("gputask_admission_latency_seconds_count"),
+            "latency_count": sample("gputask_admission_latency_seconds_count", q),
+            "active": sample("gputask_pending_tasks_by_status", {**q, "status": "active"}),
+            "inadmissible": sample("gputask_pending_tasks_by_status", {**q, "status": "inadmissible"}),
+            "nominal": sample("gputask_queue_nominal_quota", {**q, "flavor": "", "resource": "nvidia.com/gpu"}),
+            "gpu0_reserved": sample("gputask_gpu_memory_reserved_bytes", {"node": "node-a", "gpu": "0"}),
+            "gpu0_free": sample("gputask_gpu_memory_free_bytes", {"node": "node-a", "gpu": "0"}),
         } == {
             "preemptions": 1.0,
             "evicted": 1.0,
@@ -88,6 +93,11 @@ async def test_preemption_end_to_end(cluster: Cluster) -> None:
             "reserved": float(24 << 30),
             "free": 0.0,
             "latency_count": 2.0,
+            "active": 1.0,
+            "inadmissible": 0.0,
+            "nominal": 1000.0,
+            "gpu0_reserved": float(24 << 30),
+            "gpu0_free": 0.0,
         }
 
 

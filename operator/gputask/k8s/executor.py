@@ -137,7 +137,7 @@ class Executor:
             await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
             return
         if attempt == 1 and decision.task.created:
-            self.metrics.latency.observe(max(0.0, time.time() - decision.task.created))
+            self.metrics.latency.labels(decision.task.queue).observe(max(0.0, time.time() - decision.task.created))
         in_flavor = f" (flavor {decision.task.flavor})" if decision.task.flavor else ""
         message = f"Admitted by GPUClusterQueue {decision.task.queue!r}{in_flavor} on {describe(placement)}"
         quota = f"quota reserved in {decision.task.queue!r}{in_flavor}"

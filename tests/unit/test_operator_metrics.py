@@ -1,0 +1,48 @@
+"""The operator's gauges after a cycle: the series Kueue users look for, per queue, flavor and GPU."""
+
+from __future__ import annotations
+
+from gputask.core import Gpu, GpuRequest, Node, NodeName, Scheduler, Task, TaskKey
+from gputask.manifests.convert import flavor_from_manifest, queue_from_manifest
+from gputask.metrics import OperatorMetrics
+
+GIB = 1024
+
+
+def test_quota_limits_pending_by_status_and_per_gpu_memory_after_a_cycle() -> None:
+    """A queue with an A10 flavor (nominal 1, borrowingLimit 1, lendingLimit 500m) in a cohort: its quota series
+    carry the flavor; of two waiting tasks the one no node could ever hold is inadmissible, the other active;
+    each GPU reports what is reserved and free on it; admission latency is per queue."""
+    gpus = (Gpu(0, "g0", "NVIDIA-A10", 24 * GIB), Gpu(1, "g1", "NVIDIA-A10", 24 * GIB))
+    s = Scheduler(nodes=[Node(NodeName("n"), gpus)])
+    s.set_flavor(flavor_from_manifest("a10", {"gpuProducts": ["NVIDIA-A10"]}))
+    groups = [{"coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": "a10", "resources": [
+        {"name": "nvidia.com/gpu", "nominalQuota": 1, "borrowingLimit": 1, "lendingLimit": "500m"}]}]}]
+    s.set_queue(queue_from_manifest("q", {"namespaceSelector": {}, "cohort": "org", "resourceGroups": groups}))
+
+    def task(name: str, gib: int, created: float) -> Task:
+        return Task(TaskKey(f"ns/{name}"), "q", GpuRequest(1, memory_mib=gib * GIB), created=created)
+
+    s.submit(task("fits", 10, 0))
+    s.submit(task("later", 20, 1))  # 2 x 10Gi + 20Gi: quota (1 GPU, nothing to borrow) stops it: active
+    s.submit(task("huge", 40, 2))  # no GPU has 40Gi: inadmissible
+    s.cycle(0.0)
+    metrics = OperatorMetrics()
+    metrics.latency.labels("q").observe(1.5)
+    metrics.refresh(s)
+    sample = metrics.registry.get_sample_value
+    flavor = {"queue": "q", "flavor": "a10", "resource": "nvidia.com/gpu"}
+    assert {
+        "nominal": sample("gputask_queue_nominal_quota", flavor),
+        "borrowing": sample("gputask_queue_borrowing_limit", flavor),
+        "lending": sample("gputask_queue_lending_limit", flavor),
+        "active": sample("gputask_pending_tasks_by_status", {"queue": "q", "status": "active"}),
+        "inadmissible": sample("gputask_pending_tasks_by_status", {"queue": "q", "status": "inadmissible"}),
+        "used": sample("gputask_queue_flavor_usage", flavor),
+        "reserved": [sample("gputask_gpu_memory_reserved_bytes", {"node": "n", "gpu": g}) for g in ("0", "1")],
+        "free": [sample("gputask_gpu_memory_free_bytes", {"node": "n", "gpu": g}) for g in ("0", "1")],
+        "latency": sample("gputask_admission_latency_seconds_count", {"queue": "q"}),
+    } == {
+        "nominal": 1.0, "borrowing": 1.0, "lending": 0.5, "active": 1.0, "inadmissible": 1.0, "used": 0.417,
+        "reserved": [float(10 << 30), 0.0], "free": [float(14 << 30), float(24 << 30)], "latency": 1.0,
+    }  # fmt: skip
