@@ -107,8 +107,7 @@ class FlavorCase:
 
     ``want_flavors``: the flavor each newly admitted workload is admitted in (Kueue's wantAssignments, or
     what Kueue's later cycles would assign, which ``differs`` then says). ``absent``: flavors a queue lists
-    that do not exist (no GPUResourceFlavor, no node). ``xfail``: gputask's answer differs from Kueue's
-    (why, precisely); the case keeps Kueue's expectation and is expected to fail.
+    that do not exist (no GPUResourceFlavor, no node).
     """
 
     source: str
@@ -121,7 +120,6 @@ class FlavorCase:
     admitted: tuple[FW, ...] = ()
     absent: frozenset[str] = frozenset()
     differs: str | None = None
-    xfail: str | None = None
 
 
 def node_of(flavor: str) -> NodeName:

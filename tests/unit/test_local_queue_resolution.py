@@ -249,3 +249,18 @@ def test_a_local_queue_is_inactive_while_its_cluster_queue_cannot_admit() -> Non
         ("False", "ClusterQueueIsInactive", "GPUClusterQueue 'flavored' cannot admit: GPUResourceFlavor h100 does not "
                                             "exist"),
     )
+
+
+def test_a_local_queue_being_deleted_counts_the_tasks_it_keeps_waiting() -> None:
+    """Its waiting tasks leave the core's queues while it is Terminating, and it still counts them pending."""
+    from gputask.k8s.queue_status import local_queue_statuses
+
+    c = controller()
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    c.on_task(gputask("t", "gpus", memory="30Gi"))  # never fits: stays pending
+    before = local_queue_statuses(c)[("ns", "gpus")]["pendingTasks"]
+    c.on_local_queue(local_queue("gpus", "ns", "cq", deletionTimestamp="2026-12-01T10:00:00Z"))
+    after = local_queue_statuses(c)[("ns", "gpus")]
+    assert (before, after["pendingTasks"], [t.key for t in c.scheduler.pending], after["conditions"][0]["reason"]) == (
+        1, 1, [], "Terminating",
+    )  # fmt: skip

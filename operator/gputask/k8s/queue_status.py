@@ -210,7 +210,9 @@ def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]
         if index.serves(task.queue, task.namespace, task.local_queue) is not None:
             where = (task.namespace, str(task.local_queue))
             pending[where] = pending.get(where, 0) + 1
-    for where in lqs:  # tasks it keeps waiting outside the queues (it is being deleted, or invalid)
+    for where, lq in lqs.items():  # tasks it keeps waiting outside the queues: only while deleted or invalid
+        if not lq.terminating and lq.error is None:
+            continue  # (a scan of every task that ever named it, on every pass, would be O(tasks))
         for key in index.asking(where[1], where[0]):
             record = controller.tasks.get(key)
             if record is not None and record.blocked is not None and record.blocked[0] == Reason.QUEUE_INACTIVE:
