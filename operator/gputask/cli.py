@@ -1,17 +1,18 @@
-"""The ``gputask`` command line: operator, demo, emulator, scenario runner, trace replay.
+"""gputask: GPU tasks admitted through Kueue-style queues and packed onto specific GPUs.
 
-Each command imports its implementation lazily so ``gputask --help`` stays fast and the
-operator image need not carry matplotlib.
+Operate a cluster (run, agent), look at one (get, explain, top), try things out (demo, scenario, simulate).
 """
 
 from __future__ import annotations
 
 import errno
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gputask import __version__
 from gputask.core.placement import DEFAULT_POLICY
 
 BIND_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
@@ -20,6 +21,168 @@ BIND_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 scenario_app = typer.Typer(no_args_is_help=True, help="Deterministic what-if runs of the scheduler.")
 app.add_typer(scenario_app, name="scenario")
+get_app = typer.Typer(no_args_is_help=True, help="List GPUTasks, queues and nodes as the operator sees them.")
+app.add_typer(get_app, name="get")
+top_app = typer.Typer(no_args_is_help=True, help="Per-GPU use: memory reserved, used by others, free; tasks on it.")
+app.add_typer(top_app, name="top")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"gputask {__version__}")
+        raise typer.Exit(0)
+
+
+VersionOption = Annotated[
+    bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+]
+
+
+@app.callback()
+def _root(version: VersionOption = False) -> None:
+    """gputask: GPU tasks admitted through Kueue-style queues and packed onto specific GPUs."""
+
+
+Kubeconfig = Annotated[
+    str | None, typer.Option("--kubeconfig", help="Kubeconfig file; default $KUBECONFIG, then ~/.kube/config.")
+]
+Context = Annotated[str | None, typer.Option("--context", help="Kubeconfig context; default its current-context.")]
+Namespace = Annotated[
+    str | None, typer.Option("--namespace", "-n", help="Namespace; default the context's namespace, else default.")
+]
+AllNamespaces = Annotated[bool, typer.Option("--all-namespaces", "-A", help="Every namespace.")]
+Output = Annotated[str, typer.Option("--output", "-o", help="table or json")]
+OperatorConfig = Annotated[
+    Path | None, typer.Option("--config", help="The operator's configuration (policy), to judge as it does.")
+]
+
+
+def _live(kubeconfig: str | None, context: str | None, config: Path | None, output: str):  # type: ignore[no-untyped-def]
+    """Load the cluster for a live command: (objects, view, now); one line and exit 2 on failure."""
+    from gputask.config import ConfigError, load_config
+    from gputask.live import LiveError, load
+
+    if output not in ("table", "json"):
+        typer.echo(f"gputask: --output {output!r}: choose table or json", err=True)
+        raise typer.Exit(2)
+    try:
+        settings = load_config(config)
+        return load(kubeconfig, context, settings)
+    except (LiveError, ConfigError) as exc:
+        typer.echo(f"gputask: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _namespace(kubeconfig: str | None, context: str | None, namespace: str | None, all_namespaces: bool) -> str | None:
+    from gputask.live import LiveError, default_namespace
+
+    if all_namespaces:
+        return None
+    if namespace:
+        return namespace
+    try:
+        return default_namespace(kubeconfig, context)
+    except LiveError as exc:
+        typer.echo(f"gputask: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _emit(rows: list[dict[str, object]], columns: tuple[str, ...], output: str,
+          headers: dict[str, str] | None = None, empty: str = "No resources found.") -> None:
+    import json
+
+    from gputask.live import console_for, render_table
+
+    if output == "json":
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    render_table(console_for(), rows, columns, headers, empty=empty)
+
+
+@get_app.command("tasks")
+def get_tasks(
+    namespace: Namespace = None,
+    all_namespaces: AllNamespaces = False,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    output: Output = "table",
+    config: OperatorConfig = None,
+) -> None:
+    """GPUTasks: queue, phase, position in its queue (0 = head), node, GPUs, MiB per GPU, reason, age."""
+    from gputask.live import TASK_COLUMNS, TASK_HEADERS, task_rows
+
+    ns = _namespace(kubeconfig, context, namespace, all_namespaces)
+    objects, view, now = _live(kubeconfig, context, config, output)
+    rows = task_rows(objects, view, ns, now)
+    columns = ("name", *TASK_COLUMNS) if ns is not None else ("namespace", "name", *TASK_COLUMNS)
+    _emit(rows, columns, output, TASK_HEADERS, empty=f"No GPUTasks found in {ns} namespace." if ns else
+          "No GPUTasks found.")
+
+
+@get_app.command("queues")
+def get_queues(
+    kubeconfig: Kubeconfig = None, context: Context = None, output: Output = "table", config: OperatorConfig = None
+) -> None:
+    """GPUClusterQueues: cohort, pending and admitted tasks, usage over nominal quota per resource."""
+    from gputask.live import queue_rows
+
+    _, view, _ = _live(kubeconfig, context, config, output)
+    _emit(queue_rows(view), ("name", "cohort", "pending", "admitted", "active", "usage"), output)
+
+
+@get_app.command("nodes")
+def get_nodes(
+    kubeconfig: Kubeconfig = None, context: Context = None, output: Output = "table", config: OperatorConfig = None
+) -> None:
+    """Nodes with GPUs: schedulable, GPUs, GPU memory reserved, used by others and free (MiB), tasks."""
+    from gputask.live import node_rows
+
+    _, view, _ = _live(kubeconfig, context, config, output)
+    columns = ("node", "schedulable", "gpus", "reserved_mib", "foreign_mib", "free_mib", "total_mib", "tasks")
+    _emit(node_rows(view), columns, output)
+
+
+@top_app.command("gpus")
+def top_gpus(
+    kubeconfig: Kubeconfig = None, context: Context = None, output: Output = "table", config: OperatorConfig = None
+) -> None:
+    """Per GPU: product, MiB reserved by gputask, used by others (foreign), free and total; the tasks on it."""
+    from gputask.live import gpu_rows
+
+    _, view, _ = _live(kubeconfig, context, config, output)
+    columns = ("node", "gpu", "product", "reserved_mib", "foreign_mib", "free_mib", "total_mib", "tasks")
+    _emit(gpu_rows(view), columns, output, {"tasks": "TASKS (MIB)"})
+
+
+@app.command()
+def explain(
+    task: Annotated[str, typer.Argument(help="GPUTask name (or namespace/name).")],
+    namespace: Namespace = None,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    output: Output = "table",
+    config: OperatorConfig = None,
+) -> None:
+    """Why a GPUTask waits: its position, its quota, every node's verdict, preemption, the smallest change.
+
+    Exit code 0, 1 when there is no such GPUTask, 2 on bad input or an unreachable cluster.
+    """
+    from gputask.live import console_for, diagnosis_json, explain_task, render_diagnosis
+
+    if "/" in task:
+        namespace, _, task = task.partition("/")
+    ns = _namespace(kubeconfig, context, namespace, False) or "default"
+    objects, view, _ = _live(kubeconfig, context, config, output)
+    obj = next((o for o in objects.get("tasks", []) if (o.get("metadata") or {}).get("name") == task
+                and ((o.get("metadata") or {}).get("namespace") or "default") == ns), None)
+    if obj is None:
+        typer.echo(f'gputask: GPUTask "{task}" not found in namespace {ns}', err=True)
+        raise typer.Exit(1)
+    found = explain_task(view, ns, task)
+    if output == "json":
+        typer.echo(diagnosis_json(found))
+        return
+    render_diagnosis(console_for(), found, obj.get("status") or {})
 
 
 @scenario_app.command("run")
@@ -220,7 +383,10 @@ def agent(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: ``--version`` after any command prints the version too."""
+    if "--version" in sys.argv[1:] and "--" not in sys.argv[1 : sys.argv.index("--version")]:
+        print(f"gputask {__version__}")
+        sys.exit(0)
     app()
 
 

@@ -85,6 +85,7 @@ def rbac_problems(objects: list[dict[str, Any]], *, leader_election: bool = True
         ("ClusterRole", "gputask-agent"): rbac.grants(rbac.AGENT),
         ("ClusterRole", "gputask-edit"): rbac.grants(rbac.USER_EDIT),
         ("ClusterRole", "gputask-view"): rbac.grants(rbac.USER_VIEW),
+        ("ClusterRole", "gputask-inspect"): rbac.grants(rbac.INSPECT),
     }
     if leader_election:
         expected[("Role", "gputask-operator-leader-election")] = rbac.grants(rbac.OPERATOR_LEADER_ELECTION)
@@ -145,6 +146,7 @@ def test_each_ci_configuration_renders_the_expected_objects(rendered: dict[str, 
     base = [
         ("ClusterRole", "", "gputask-agent"),
         ("ClusterRole", "", "gputask-edit"),
+        ("ClusterRole", "", "gputask-inspect"),
         ("ClusterRole", "", "gputask-operator"),
         ("ClusterRole", "", "gputask-view"),
         ("ClusterRoleBinding", "", "gputask-agent"),

@@ -126,3 +126,15 @@ def test_operator_writes_only_status_of_its_custom_resources() -> None:
         ("gpuresourceflavors", "patch"),
         ("gpunodes/status", "patch"),
     }
+
+
+def test_inspect_role_lists_everything_the_live_commands_read() -> None:
+    """gputask get/explain/top (gputask.live.list_all) list REBUILD_ORDER and pods: the inspect role grants
+    exactly list (and get) on those, nothing to write."""
+    from gputask.k8s.client import PODS
+    from gputask.k8s.handlers import REBUILD_ORDER
+
+    read = {(res.group, res.plural) for res, _ in (*REBUILD_ORDER.values(), (PODS, None))}
+    granted = rbac.grants(rbac.INSPECT)
+    assert {(g.group, g.resource) for g in granted if g.verb == "list"} == read
+    assert {g.verb for g in granted} == {"get", "list"}

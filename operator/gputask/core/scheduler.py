@@ -757,6 +757,25 @@ class Scheduler:
         return min_usage(task, self.health.largest_gpu_mib)
 
     # -- reports ------------------------------------------------------------------------------
+    def gate(self, task: Task) -> Wait | None:
+        """The queue-level reason ``task`` would wait for before any node is looked at (its queue missing,
+        inactive or stopped, its namespace not selected), else None. Changes nothing."""
+        found = self._queue_gate(task, _CycleMemo())
+        return None if found is None else Wait(found.reason, found.message)
+
+    def variants(self, task: Task) -> list[Task]:
+        """``task`` in each flavor of its queue it may use, in the queue's order ([] when its queue is unknown
+        or has none it may use)."""
+        spec = self.quotas.specs.get(task.queue)
+        return [] if spec is None else self._variants(task, spec)
+
+    def preemption_plan(self, task: Task) -> Plan | None:
+        """The preemption a cycle would start for ``task`` (in its flavor) now, None when none makes room.
+        Changes nothing (:meth:`Planner.targets` restores what it tries)."""
+        if task.queue not in self.quotas.specs:
+            return None
+        return self._plan(task)
+
     def queue_status(self) -> dict[str, dict[str, object]]:
         """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
         return queue_status(self)

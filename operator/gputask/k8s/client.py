@@ -111,17 +111,25 @@ ADMISSIONCHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", names
 
 
 def load_api_client(
-    kubeconfig: str | None = None, *, user_agent: str = "gputask-operator", pool_size: int = 16
+    kubeconfig: str | None = None,
+    *,
+    user_agent: str = "gputask-operator",
+    pool_size: int = 16,
+    context: str | None = None,
 ) -> k8s_client.ApiClient:
-    """An ApiClient from ``kubeconfig``, else the in-cluster config, else ~/.kube/config.
+    """An ApiClient from ``kubeconfig``, else the in-cluster config, else ~/.kube/config (``$KUBECONFIG``).
 
-    ``pool_size`` bounds the HTTP connections kept per host (size it like the thread pool).
+    ``context`` names a kubeconfig context (default: its current-context; given, the in-cluster config is
+    not tried). ``pool_size`` bounds the HTTP connections kept per host (size it like the thread pool).
+    Raises ``kubernetes.config.ConfigException`` for a missing file or context.
     """
     configuration = k8s_client.Configuration()
     if kubeconfig:
         if not os.path.isfile(os.path.expanduser(kubeconfig)):
             raise k8s_config.ConfigException(f"kubeconfig {kubeconfig}: no such file")
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+    elif context:
+        k8s_config.load_kube_config(context=context, client_configuration=configuration)
     else:
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)

@@ -156,6 +156,15 @@ USER_VIEW: tuple[Rule, ...] = (
       for res in (GPUTASKS, GPULOCALQUEUES)),
 )
 
+# What ``gputask get``, ``explain`` and ``top`` read (gputask.live.list_all): everything the operator rebuilds
+# from, and unfinished pods. Cluster-wide and read-only; the platform team binds it (ClusterRoleBinding) to
+# whoever may look at the whole GPU pool. Not aggregated: a namespace viewer need not see other namespaces.
+INSPECT: tuple[Rule, ...] = tuple(
+    rule(res, "get", "list", why="gputask get/explain/top rebuild the operator's view from it")
+    for res in (GPUTASKS, GPUCLUSTERQUEUES, GPULOCALQUEUES, GPURESOURCEFLAVORS, GPUNODES, JOBS, NODES, NAMESPACES,
+                PRIORITYCLASSES, WORKLOADPRIORITYCLASSES, PODS)
+)
+
 # The agent's ClusterRole (``gputask agent``, one pod per GPU node).
 AGENT: tuple[Rule, ...] = (
     rule(GPUNODES, "get", "create", "patch", why="create its node's GPUNode and set the Node as its owner"),

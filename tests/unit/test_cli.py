@@ -1,0 +1,32 @@
+"""The command line itself: --version on every command, a help page for users."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from gputask import __version__
+from gputask.cli import app
+
+
+def gputask(*args: str) -> subprocess.CompletedProcess[str]:
+    """``gputask ARGS`` through the console-script entry point (``gputask.cli:main``)."""
+    code = "import sys; from gputask.cli import main; sys.argv = ['gputask', *sys.argv[1:]]; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_version_after_any_command() -> None:
+    for args in (("--version",), ("get", "tasks", "--version"), ("explain", "x", "--version"),
+                 ("scenario", "run", "--version"), ("simulate", "--version")):
+        done = gputask(*args)
+        assert (done.returncode, done.stdout, done.stderr) == (0, f"gputask {__version__}\n", ""), args
+
+
+def test_top_level_help_lists_commands_for_users() -> None:
+    result = CliRunner().invoke(app, ["--help"], terminal_width=120)
+    assert result.exit_code == 0
+    for command in ("run", "agent", "get", "explain", "top", "demo", "scenario", "simulate"):
+        assert f"│ {command} " in result.output, command
+    assert "lazily" not in result.output and "matplotlib" not in result.output  # no developer notes
