@@ -1,8 +1,9 @@
 """``gputask demo``: the real operator against the embedded API emulator, end to end.
 
 Starts the emulator on 127.0.0.1, installs the CRDs, applies ``examples/*.yaml`` (Nodes,
-simulated GPUNodes, a queue, GPUTasks) in name order, runs the real kopf operator, waits for
-the pinned Jobs and prints them. ``--keep`` leaves everything running and prints a kubeconfig
+simulated GPUNodes, a queue, GPUTasks) in name order, then runs the real kopf operator (which
+rebuilds from the API and places every example task in its first cycle, the same way on every
+run), waits for the pinned Jobs and prints them. ``--keep`` leaves everything running and prints a kubeconfig
 so ``kubectl apply -f examples/20-gputask.yaml`` works against it.
 """
 
@@ -150,13 +151,21 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
         server.write_kubeconfig(kubeconfig)
         console.print(f"[bold]emulated API server[/] {server.url}  (kubeconfig: {kubeconfig})")
         client = KubeClient(load_api_client(str(kubeconfig)))
+        examples = sorted(project_dir("examples").glob("*.yaml"))
+        manifests = load_manifests(examples)
+        # Everything before the operator starts, so its first cycle sees every task (applied under a running
+        # operator, cycles interleave with the creates); the tasks within one second of creationTimestamp (its
+        # resolution), so they are ordered by name alone: every run places them alike.
+        tasks = [o for o in manifests if o.get("kind") == "GPUTask"]
+        for obj in manifests:
+            if obj.get("kind") != "GPUTask":
+                await apply(client, obj)
+        await asyncio.sleep(1.0 - time.time() % 1.0 + 0.01)
+        for obj in tasks:
+            await apply(client, obj)
         operator = build_operator(Config(cycleInterval=0.5), kubeconfig=str(kubeconfig))
         stop = asyncio.Event()
         runner = asyncio.create_task(run_operator(operator, stop_flag=stop))
-        examples = sorted(project_dir("examples").glob("*.yaml"))
-        manifests = load_manifests(examples)
-        for obj in manifests:
-            await apply(client, obj)
         gpunodes = [o["metadata"]["name"] for o in manifests if o.get("kind") == "GPUNode"]
         heartbeats = asyncio.create_task(keep_heartbeats(client, gpunodes))
         console.print(f"applied {', '.join(p.name for p in examples)}")

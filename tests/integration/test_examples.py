@@ -39,19 +39,30 @@ async def generations(cluster: Cluster) -> dict[str, Any]:
 
 
 async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: Cluster) -> None:
-    """Two teams in a cohort: each feature's task lands as documented, urgent preempts, re-applying changes nothing."""
-    demo_nodes = load_manifests(files(EXAMPLES, "00-nodes.yaml", "01-gpunodes.yaml"))
+    """Two teams in a cohort, on top of the demo's own tasks (in the demo's tainted pool): each feature's task
+    lands as documented, urgent preempts, re-applying changes nothing, the demo's tasks stay where they were."""
+    demo = load_manifests(sorted(EXAMPLES.glob("*.yaml")))
     teams = EXAMPLES / "teams"
     first = files(teams, "00-namespaces.yaml", "10-priorityclasses.yaml", "20-queues.yaml", "30-tasks.yaml")
     async with running_operator(cluster, Config(cycleInterval=0.2)):
-        for obj in demo_nodes + load_manifests(first):
+        for obj in demo:
+            await apply(cluster.client, obj)
+
+        async def demo_settled() -> dict[str, Any] | None:
+            found = await outcome(cluster)
+            return found if len(found) == 3 and all(v[0] == "Admitted" for v in found.values()) else None
+
+        placed_demo = await eventually(demo_settled)
+        assert {v[2] for v in placed_demo.values()} <= {"node-a", "node-b"}  # the pool is tainted
+        for obj in load_manifests(first):
             await apply(cluster.client, obj)
         expected = {
-            "team-a/multi-gpu": ("Admitted", "Admitted", "node-a"),
-            "team-b/a10-only": ("Admitted", "Admitted", "node-b"),
-            # packing (the default) puts it on node-a's 16Gi card, where fragmentation against its
-            # target workload grows least (bestfit: node-b)
-            "team-b/quarter-gpu": ("Admitted", "Admitted", "node-a"),
+            **placed_demo,
+            "team-a/multi-gpu": ("Admitted", "Admitted", "node-c"),
+            "team-b/a10-only": ("Admitted", "Admitted", "node-d"),
+            # packing (the default) puts it on node-c's 16Gi card, where fragmentation against its
+            # target workload grows least (bestfit: node-d)
+            "team-b/quarter-gpu": ("Admitted", "Admitted", "node-c"),
             "team-a/too-big": ("Pending", "Inadmissible", None),
         }
 
@@ -64,14 +75,15 @@ async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: 
                    for t in await cluster.client.list(GPUTASKS)}
 
         async def summaries() -> dict[str, str] | None:
-            queues = await cluster.client.list(GPUCLUSTERQUEUES)
+            queues = [q for q in await cluster.client.list(GPUCLUSTERQUEUES) if q["metadata"]["name"] != "default"]
             found = {q["metadata"]["name"]: (q.get("status") or {}).get("flavorsSummary") for q in queues}
             admitted = {q["metadata"]["name"]: (q.get("status") or {}).get("admittedTasks") for q in queues}
             return found if admitted == {"team-a": 1, "team-b": 2} else None
 
         # rtx charges both RTX cards against 16Gi: multi-gpu's 2 x 6Gi is 750m, on the 8Gi card too
         assert (flavors, await eventually(summaries)) == (
-            {"team-a/multi-gpu": "rtx", "team-a/too-big": None, "team-b/a10-only": "a10", "team-b/quarter-gpu": "rtx"},
+            {"default/eval-fraction": None, "default/infer-whole": None, "default/train-small": None,
+             "team-a/multi-gpu": "rtx", "team-a/too-big": None, "team-b/a10-only": "a10", "team-b/quarter-gpu": "rtx"},
             {"team-a": "rtx 750m/1500m, a10 0/0", "team-b": "rtx 250m/500m, a10 417m/1"},
         )
         before = await generations(cluster)
@@ -82,7 +94,7 @@ async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: 
 
         async def preempted() -> dict[str, Any] | None:
             found = await outcome(cluster)
-            ok = found.get("team-a/urgent") == ("Admitted", "Admitted", "node-a")
+            ok = found.get("team-a/urgent") == ("Admitted", "Admitted", "node-c")
             return found if ok and found["team-a/multi-gpu"][0] == "Pending" else None
 
         after = await eventually(preempted)
@@ -95,7 +107,8 @@ async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: 
         assert await eventually(warned)
         again = await generations(cluster)
         assert again["objects"] == {**before["objects"], "urgent": 1}
-        assert sorted(k for k in again["objects"] if "/" in k) == ["team-a/gpus", "team-b/gpus"]
+        assert {k: v for k, v in after.items() if k.startswith("default/")} == placed_demo
+        assert sorted(k for k in again["objects"] if "/" in k) == ["default/default", "team-a/gpus", "team-b/gpus"]
         reasons = {e["reason"] for ns in ("team-a", "team-b") for e in await cluster.client.list(EVENTS, ns)}
         assert "DeprecatedQueueName" not in reasons  # every task names its namespace's GPULocalQueue
 
@@ -105,6 +118,6 @@ async def test_team_examples_admit_explain_preempt_and_survive_reapply(cluster: 
                                              (q.get("status") or {}).get("admittedTasks"))
                 for q in await cluster.client.list(GPULOCALQUEUES)
             }
-            return found if found == {"team-a": (2, 1), "team-b": (0, 2)} else None
+            return found if found == {"default": (0, 3), "team-a": (2, 1), "team-b": (0, 2)} else None
 
         assert await eventually(counted)  # team-a: urgent admitted; multi-gpu and too-big wait

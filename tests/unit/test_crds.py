@@ -126,10 +126,12 @@ def test_examples_are_the_demo_objects_and_validate_against_their_crds() -> None
         if obj["apiVersion"].startswith("gputask.io/")
     }
     assert ([(o["kind"], o["metadata"]["name"]) for o in objects], errors) == (
-        [("Node", "node-a"), ("Node", "node-b"), ("GPUNode", "node-a"), ("GPUNode", "node-b"),
+        [("Node", "node-a"), ("Node", "node-b"), ("Node", "node-c"), ("Node", "node-d"), ("GPUNode", "node-a"),
+         ("GPUNode", "node-b"), ("GPUNode", "node-c"), ("GPUNode", "node-d"),
          ("GPUClusterQueue", "default"), ("GPULocalQueue", "default"), ("GPUTask", "train-small"),
          ("GPUTask", "eval-fraction"), ("GPUTask", "infer-whole")],
-        dict.fromkeys(["node-a", "node-b", "default", "train-small", "eval-fraction", "infer-whole"], []),
+        dict.fromkeys(["node-a", "node-b", "node-c", "node-d", "default", "train-small", "eval-fraction",
+                       "infer-whole"], []),
     )  # fmt: skip
 
 

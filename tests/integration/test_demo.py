@@ -1,0 +1,26 @@
+"""``gputask demo``: the real operator on the emulator pins the example tasks, the same way on every run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gputask.demo import run_demo
+
+
+async def test_demo_places_the_examples_alike_on_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two runs print the same pinned Jobs: every task applied before the operator's first cycle, in one second
+    of creationTimestamp, so name order decides (three different outcomes came out of seven runs before)."""
+    tables = []
+    for run in range(2):
+        assert await run_demo(keep=False, port=0, workdir=tmp_path / str(run)) == 0
+        out = capsys.readouterr().out
+        tables.append([tuple(c.strip() for c in row.split("│")[1:-1]) for row in out.splitlines()
+                       if re.match(r"│ default/", row)])
+    assert tables[0] == tables[1] == [
+        ("default/eval-fraction", "node-a", "GPU-7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "2048", "eval-fraction-1"),
+        ("default/infer-whole", "node-a", "GPU-3f6c1a2e-8b4d-4e1f-9a7c-2d5e6f7a8b90", "16384", "infer-whole-1"),
+        ("default/train-small", "node-b", "GPU-c0ffee00-1234-4abc-9def-0123456789ab", "12288", "train-small-1"),
+    ]
