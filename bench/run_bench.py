@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", default=",".join(BENCH_TRACES))
     parser.add_argument("--policies", default=",".join(BENCH_POLICIES))
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run_bench: {err}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    common = {"policies": policies, "seeds": seeds, "jobs": args.jobs}
+    common = {"policies": policies, "seeds": seeds, "jobs": args.jobs, "quiet": args.quiet}
     main_runs = run_bench(args.trace_dir, traces=traces, tie_break=args.tie_break, **common)
     other_tie = next(t for t in TIE_BREAKS if t != args.tie_break)
     other = run_bench(args.trace_dir, traces=["default"], tie_break=other_tie, **common) if "default" in traces else {}

@@ -33,6 +33,8 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
+
 VersionOption = Annotated[
     bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
 ]
@@ -213,19 +215,28 @@ def scenario_chaos(
         float, typer.Option(min=0.1, help="Arrival rate relative to the base mix (3: queues contend and preempt).")
     ] = 3.0,
     write: Annotated[Path | None, typer.Option(help="Also write the generated scenario YAML here.")] = None,
+    quiet: Quiet = False,
 ) -> None:
-    """Generate and run a randomized scenario with failures, restarts and deletions; exit 1 on any violation."""
+    """Generate and run a randomized scenario with failures, restarts and deletions; exit 1 on any violation.
+
+    Progress (simulated seconds) goes to stderr; the JSON summary to stdout.
+    """
     import json
 
     import yaml
 
+    from gputask.progress import Progress
     from gputask.sim.chaos import generate, summarize
     from gputask.sim.scenario import run_scenario
 
     doc = generate(seed=seed, nodes=nodes, tasks=tasks, load=load)
     if write is not None:
         write.write_text(yaml.safe_dump(doc, sort_keys=False))
-    summary = summarize(run_scenario(doc), tasks)
+    until = float(doc.get("until") or 0.0)
+    with Progress("chaos", until, unit="simulated s", quiet=quiet) as progress:
+        ran = run_scenario(doc, progress=lambda now, _until: progress.update(now))
+        progress.update(until)  # the run played everything up to until
+    summary = summarize(ran, tasks)
     typer.echo(json.dumps(summary, indent=1))
     raise typer.Exit(0 if not summary["violations"] and summary["accountedFor"] == tasks else 1)
 
@@ -249,15 +260,16 @@ def simulate(
     tie_break: Annotated[
         str,
         typer.Option(
-            help="Equal scores go to the smallest node name ('name') or to a random node priority "
-            "per seed ('random', as the FGD simulator)."
+            help="Equal scores go to a random node priority per seed ('random', as the FGD simulator and the "
+            "README's figures) or to the smallest node name ('name')."
         ),
-    ] = "name",
+    ] = "random",
     timed: Annotated[
         bool, typer.Option(help="Time-based replay (arrivals and departures, QoS queues) against strict FIFO.")
     ] = False,
     speedup: Annotated[float, typer.Option(help="--timed: divide arrival times by this.")] = 2000.0,
     load: Annotated[int, typer.Option(min=1, help="--timed: copies of every pod (raises demand).")] = 2,
+    quiet: Quiet = False,
 ) -> None:
     """Replay the Alibaba GPU trace (FGD protocol) through the core and compare policies.
 
@@ -274,13 +286,16 @@ def simulate(
         chosen = (policy or [DEFAULT_POLICY])[0]
         pods_file = (pods or ["openb_pod_list_default.csv"])[0]
         raise typer.Exit(
-            cli_timed(trace_dir, pods_file=pods_file, policy=chosen, speedup=speedup, load=load, output=output)
+            cli_timed(
+                trace_dir, pods_file=pods_file, policy=chosen, speedup=speedup, load=load, output=output, quiet=quiet
+            )
         )
     from gputask.sim.report import simulate_command
 
     raise typer.Exit(
         simulate_command(
-            trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break
+            trace_dir, pods=pods, policies=policy, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break,
+            quiet=quiet,
         )
     )
 

@@ -284,7 +284,7 @@ def test_simulate_json_has_the_design_shape_and_the_fgd_figures(
         {
             "trace": "openb_pod_list_tiny.csv",
             "nodes": NODE_LIST,
-            "tieBreak": "name",
+            "tieBreak": "random",  # the default, as the FGD simulator
             "policies": {"bestfit": body, "random": body},
             "fgdExpected": {
                 "source": "fgd-expected-results/analysis_allo_discrete.csv",

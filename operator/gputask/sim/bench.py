@@ -18,12 +18,11 @@ from __future__ import annotations
 import csv
 import json
 import platform
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gputask.progress import Progress
 from gputask.sim.report import FGD_RESULTS, FGD_SEEDS, fgd_expected, run_all, trace_json
 from gputask.sim.trace import DEFAULT_PODS, MAX_PCT, RunSpec
 
@@ -64,22 +63,22 @@ def pods_file(trace: str) -> str:
 
 
 def run_bench(
-    trace_dir: Path, *, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int], tie_break: str, jobs: int
+    trace_dir: Path,
+    *,
+    traces: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    tie_break: str,
+    jobs: int,
+    quiet: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Run every (trace, policy, seed); the section 7 object per pod list, by file name."""
+    """Run every (trace, policy, seed); the section 7 object per pod list, by file name. Progress on stderr
+    (:class:`gputask.progress.Progress`) unless ``quiet``."""
     files = [pods_file(t) for t in traces]
     specs = [RunSpec(str(trace_dir), f, p, s, tie_break) for f in files for p in policies for s in seeds]
     specs.sort(key=lambda s: s.policy != OURS)  # the slowest first: the pool ends evenly
-    done = [0]
-    started = time.monotonic()
-
-    def advance() -> None:
-        done[0] += 1
-        if done[0] % 20 == 0 or done[0] == len(specs):
-            elapsed = time.monotonic() - started
-            print(f"bench: {done[0]}/{len(specs)} runs, {elapsed:.0f} s", file=sys.stderr, flush=True)
-
-    results = run_all(specs, jobs=jobs, advance=advance)
+    with Progress("bench", len(specs), unit="runs", quiet=quiet) as progress:
+        results = run_all(specs, jobs=jobs, advance=progress.advance)
     out: dict[str, dict[str, Any]] = {}
     for f in files:
         runs = [r for r, spec in zip(results, specs, strict=True) if spec.pods_file == f]

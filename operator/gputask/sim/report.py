@@ -194,16 +194,13 @@ def run_all(specs: Sequence[RunSpec], *, jobs: int, advance: Callable[[], None])
     return [by_spec[spec] for spec in specs]
 
 
-def run_with_progress(specs: Sequence[RunSpec], *, jobs: int) -> list[RunResult]:
-    """:func:`run_all` with a progress bar on stderr (hidden when stderr is not a terminal)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def run_with_progress(specs: Sequence[RunSpec], *, jobs: int, quiet: bool = False) -> list[RunResult]:
+    """:func:`run_all` reporting on stderr (:class:`gputask.progress.Progress`: a bar on a terminal, plain lines
+    otherwise, nothing when ``quiet``)."""
+    from gputask.progress import Progress
 
-    console = Console(stderr=True)
-    columns = (TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task("runs", total=len(specs))
-        return run_all(specs, jobs=jobs, advance=lambda: progress.advance(bar))
+    with Progress("replaying", len(specs), unit="runs", quiet=quiet) as progress:
+        return run_all(specs, jobs=jobs, advance=progress.advance)
 
 
 # -- the table ----------------------------------------------------------------------------------------
@@ -221,14 +218,18 @@ def caption(summary: dict[str, Any], seeds: Sequence[int]) -> str:
     )
     text = (
         f"Trace {summary['trace']} on {summary['nodes']}, seeds {seed_text}, tie-break: "
-        f"{summary['tieBreak']} ({order}). Unallocated GPU % at 100% arrived workload."
+        f"{summary['tieBreak']} ({order}). Unallocated GPU % at 100% arrived workload. "
+        "Unplaced pods: pods that fitted on no node when they arrived (the protocol submits pods up to 130% of "
+        "the cluster's GPUs, so most of these come after it is full); refused feasible: pods refused although a "
+        "node could hold them (always 0, checked). Pod orders come from gputask's own RNG, not the paper's."
     )
     fgd = summary["fgdExpected"]
     if fgd:
         figures = ", ".join(f"{p} {_pct(v)}" for p, v in fgd["unallocatedPctAt100"].items())
         text += (
-            f"\nFGD paper (Weng et al., ATC '23; authors' results, seeds 42-51, tie-break "
-            f"{fgd['tieBreak']}): {figures}. bestfit-atc23 and fgd reproduce BestFit and FGD; bestfit differs."
+            f"\nColumn paper: the FGD paper's figure for the same policy (Weng et al., ATC '23; authors' results, "
+            f"seeds 42-51, tie-break {fgd['tieBreak']}): {figures}. bestfit-atc23 and fgd reproduce BestFit and "
+            "FGD; bestfit differs."
         )
     return text
 
@@ -238,14 +239,14 @@ def render_table(summary: dict[str, Any], seeds: Sequence[int]) -> Any:
     from rich.table import Table
 
     table = Table(title=f"gputask simulate: {summary['trace']}", caption=caption(summary, seeds))
-    for header in (
+    for header in (  # short enough for 80 columns
         "policy",
-        "unallocated % mean",
+        "unalloc % mean",
         "min",
         "max",
-        "failed pods (mean)",
+        "unplaced pods (mean)",
         "refused feasible",
-        "FGD paper, same policy",
+        "paper",
     ):
         table.add_column(header, justify="left" if header == "policy" else "right")
     fgd = (summary["fgdExpected"] or {}).get("unallocatedPctAt100", {})
@@ -273,12 +274,14 @@ def simulate_command(
     seeds: str,
     output: str,
     jobs: int,
-    tie_break: str = "name",
+    tie_break: str = "random",
+    quiet: bool = False,
 ) -> int:
     """Validate, run every (trace, policy, seed), print; 2 on bad input, 1 if a policy refused a fit."""
     try:
         summaries, seed_list = _simulate(
-            trace_dir, pods=pods, policies=policies, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break
+            trace_dir, pods=pods, policies=policies, seeds=seeds, output=output, jobs=jobs, tie_break=tie_break,
+            quiet=quiet,
         )
     except (UsageError, TraceError) as err:
         print(f"gputask simulate: {err}", file=sys.stderr)
@@ -300,6 +303,7 @@ def _simulate(
     output: str,
     jobs: int,
     tie_break: str,
+    quiet: bool = False,
 ) -> tuple[list[dict[str, Any]], list[int]]:
     if output not in ("table", "json"):
         raise UsageError(f"--output must be table or json, not {output!r}")
@@ -313,7 +317,7 @@ def _simulate(
     for name in pods_files:
         load_trace(str(trace_dir), name)  # fail early, before any worker starts, on a bad file
     specs = [RunSpec(str(trace_dir), f, p, s, tie_break) for f in pods_files for p in names for s in seed_list]
-    results = run_with_progress(specs, jobs=max(1, jobs))
+    results = run_with_progress(specs, jobs=max(1, jobs), quiet=quiet)
     summaries = [
         trace_json(
             f,

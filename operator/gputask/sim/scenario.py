@@ -53,7 +53,7 @@ import heapq
 import itertools
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,14 +121,18 @@ _FINISH, _WAKE, _EVENT = 0, 1, 2
 
 
 def run_scenario(
-    doc: Mapping[str, Any] | Scenario, *, policy: str = DEFAULT_POLICY, config: Config | None = None
+    doc: Mapping[str, Any] | Scenario,
+    *,
+    policy: str = DEFAULT_POLICY,
+    config: Config | None = None,
+    progress: Callable[[float, float], None] | None = None,
 ) -> dict[str, Any]:
     """Run a scenario and return the output dict of DESIGN.md section 6.
 
     ``doc`` is the parsed YAML (or a :class:`Scenario`); ``policy`` a core policy name or
     ``"fifo"`` (first fit on the FIFO baseline); it overrides ``config.policy``, so the output's
     ``config`` shows the policy that ran. Raises :class:`ScenarioError` on invalid input or an
-    unknown policy.
+    unknown policy. ``progress`` is told (simulated now, until) in seconds after each cycle.
     """
     scenario = load_scenario(doc)
     if policy == FIFO:
@@ -137,7 +141,7 @@ def run_scenario(
         raise ScenarioError(f"unknown policy {policy!r}; known: {', '.join(sorted([*POLICIES, FIFO]))}")
     ran = "firstfit" if policy == FIFO else policy
     config = (config or Config.model_validate({})).model_copy(update={"policy": ran})
-    return _Run(scenario, policy=policy, config=config).run()
+    return _Run(scenario, policy=policy, config=config, progress=progress).run()
 
 
 @dataclass(eq=False)
@@ -188,7 +192,11 @@ class _Record:
 class _Run:
     """One run of a scenario: the heap of happenings, the task records, the scheduler."""
 
-    def __init__(self, scenario: Scenario, *, policy: str, config: Config) -> None:
+    def __init__(
+        self, scenario: Scenario, *, policy: str, config: Config,
+        progress: Callable[[float, float], None] | None = None,
+    ) -> None:
+        self.progress = progress
         self.scenario = scenario
         self.policy = policy
         self.config = config
@@ -231,6 +239,8 @@ class _Run:
                 elif item[0] == "event":
                     self._event(now, item[2])
             self._cycle(now)
+            if self.progress is not None:
+                self.progress(now, self.scenario.until)
         self.checks.full = True  # the last check looks at everything, whatever changed
         self._check(self.scenario.until)
         return self._output()

@@ -29,6 +29,7 @@ import csv
 import heapq
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,9 +156,17 @@ class TimedResult:
 
 
 def replay_timed(
-    trace_dir: Path, pods_file: str, *, mode: str, policy: str, speedup: float = 1.0, load: int = 1
+    trace_dir: Path,
+    pods_file: str,
+    *,
+    mode: str,
+    policy: str,
+    speedup: float = 1.0,
+    load: int = 1,
+    arrived: Callable[[float], None] | None = None,
 ) -> TimedResult:
-    """Run the trace on its clock through the core; ``mode`` is ``gputask`` or ``fifo``."""
+    """Run the trace on its clock through the core; ``mode`` is ``gputask`` or ``fifo``. ``arrived`` is told
+    the share of pods (0..1) that have arrived, as the replay goes (for progress reports)."""
     nodes = build_nodes(read_nodes(trace_dir / NODE_LIST))
     total_milli = 1000 * sum(len(n.gpus) for n in nodes)
     pods = read_timed_pods(trace_dir, pods_file, speedup=speedup, load=load)
@@ -185,11 +194,18 @@ def replay_timed(
         scheduler = Scheduler(policy=make_policy(policy), nodes=nodes)
         for spec in queues_for(pods, total_milli):
             scheduler.set_queue(spec)
-    return _run(scheduler, pods, total_milli, mode)
+    return _run(scheduler, pods, total_milli, mode, arrived)
 
 
-def _run(scheduler: Scheduler, pods: list[TimedPod], total_milli: int, mode: str) -> TimedResult:
+def _run(
+    scheduler: Scheduler,
+    pods: list[TimedPod],
+    total_milli: int,
+    mode: str,
+    arrived: Callable[[float], None] | None = None,
+) -> TimedResult:
     by_key = {p.task.key: p for p in pods}
+    count = 0
     events: list[tuple[float, int, str, TaskKey, int]] = [(p.arrival_s, 0, "arrive", p.task.key, 0) for p in pods]
     heapq.heapify(events)
     admitted_at: dict[TaskKey, float] = {}
@@ -209,6 +225,9 @@ def _run(scheduler: Scheduler, pods: list[TimedPod], total_milli: int, mode: str
             _, _, kind, key, run = heapq.heappop(events)
             if kind == "arrive":
                 scheduler.submit(by_key[key].task)
+                count += 1
+                if arrived is not None:
+                    arrived(count / len(pods))
             elif runs.get(key) == run:
                 scheduler.finish(key)
                 allocated -= usage.pop(key)
@@ -241,7 +260,9 @@ def _run(scheduler: Scheduler, pods: list[TimedPod], total_milli: int, mode: str
     )
 
 
-def cli_timed(trace_dir: Path, *, pods_file: str, policy: str, speedup: float, load: int, output: str) -> int:
+def cli_timed(
+    trace_dir: Path, *, pods_file: str, policy: str, speedup: float, load: int, output: str, quiet: bool = False
+) -> int:
     """``gputask simulate --timed``: gputask (queues, priorities, policy) against strict FIFO."""
     import json
 
@@ -262,11 +283,16 @@ def cli_timed(trace_dir: Path, *, pods_file: str, policy: str, speedup: float, l
     if problem is not None:
         print(f"gputask simulate: {problem}", file=sys.stderr)
         return 2
+    from gputask.progress import Progress
+
+    results: dict[str, dict[str, Any]] = {}
     try:
-        results = {
-            mode: replay_timed(trace_dir, pods_file, mode=mode, policy=policy, speedup=speedup, load=load).summary()
-            for mode in ("gputask", "fifo")
-        }
+        with Progress("timed replay", 2, unit="replays (gputask, then fifo)", quiet=quiet) as progress:
+            for done, mode in enumerate(("gputask", "fifo")):
+                results[mode] = replay_timed(
+                    trace_dir, pods_file, mode=mode, policy=policy, speedup=speedup, load=load,
+                    arrived=lambda share, done=done: progress.update(done + share),  # type: ignore[misc]
+                ).summary()
     except TraceError as exc:
         print(f"gputask simulate: {exc}", file=sys.stderr)
         return 2
