@@ -769,3 +769,28 @@ def test_a_scenario_with_flavors_charges_each_and_its_table_sums_them(tmp_path: 
             result["queues"]["default"]["pending"], cells[1:3]) == (
         {"nvidia.com/gpu@a10": 1000, "nvidia.com/gpu@t4": 1000}, 1, ["2", "40960"],
     )
+
+
+def test_plot_title_counts_outcomes_and_bad_plot_paths_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    """The plot's title says how many finished and what is left at the end (never "makespan None"); the table
+    prints the unfinished count; a --plot that cannot be written is one line on stderr and exit 2."""
+    from gputask.sim.scenario_plot import title_of
+
+    result = run_scenario(NODE_FAILURE, policy="bestfit")
+    phases = sorted(t["phase"] for t in result["tasks"])
+    finished = phases.count("Succeeded")
+    assert title_of(result, 1000.0).startswith(f"policy bestfit: {finished} of {len(phases)} tasks finished")
+    assert title_of({"policy": "p", "makespan": 310, "tasks": [{"phase": "Succeeded"}, {"phase": "Running"},
+                                                                {"phase": "Pending"}]}, 600.0) == (
+        "policy p: 1 of 3 tasks finished, the last at 310 s; at the end (600 s): 1 running, 1 waiting")
+    path = tmp_path / "basic.yaml"
+    path.write_text(yaml.safe_dump(BASIC))
+    (tmp_path / "folder.png").mkdir()
+    for bad in (tmp_path / "folder.png", tmp_path / "no" / "x.png", tmp_path / "x.svg"):
+        assert cli_run(path, output="table", policy="bestfit", plot=bad) == 2
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", f"error: --plot {bad}: give a .png file path in an existing "
+                                                    "folder\n")
+    cli_run(path, output="table", policy="bestfit", plot=None)
+    assert f"unfinished {run_scenario(BASIC, policy='bestfit')['unfinished']} " in capsys.readouterr().out

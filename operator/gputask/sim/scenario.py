@@ -52,6 +52,7 @@ import dataclasses
 import heapq
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -513,8 +514,10 @@ def cli_run(file: Path, *, output: str, policy: str, plot: Path | None, config: 
 
     if output not in ("table", "json"):
         return _fail(f"--output {output!r}: use table or json")
-    if plot is not None and (plot.suffix.lower() != ".png" or not plot.parent.is_dir()):
-        return _fail(f"--plot {plot}: give a .png path in an existing folder")
+    if plot is not None and (plot.suffix.lower() != ".png" or not plot.parent.is_dir() or plot.is_dir()):
+        return _fail(f"--plot {plot}: give a .png file path in an existing folder")
+    if plot is not None and not os.access(plot.parent, os.W_OK):
+        return _fail(f"--plot {plot}: cannot write into {plot.parent}")
     try:
         settings = load_config(config)
     except ConfigError as exc:  # names the configuration file itself
@@ -529,9 +532,12 @@ def cli_run(file: Path, *, output: str, policy: str, plot: Path | None, config: 
     else:
         print_table(result)
     if plot is not None:
-        from gputask.sim.scenario_plot import write_timeline
+        from gputask.sim.scenario_plot import PlotError, write_timeline
 
-        write_timeline(result, fifo_baseline(scenario) if policy == FIFO else scenario, plot)
+        try:
+            write_timeline(result, fifo_baseline(scenario) if policy == FIFO else scenario, plot)
+        except PlotError as exc:
+            return _fail(str(exc))
     return 1 if result["violations"] else 0
 
 

@@ -1,9 +1,12 @@
-"""Per-GPU timeline of a scenario run (``gputask scenario run --plot FILE.png``).
+"""Per-GPU occupancy of a scenario run (``gputask scenario run --plot FILE.png``).
 
-One horizontal lane per GPU (``node/index``); one bar per admission of a task, from its
-admission to its eviction, finish or the end of the run, as tall as the share of the GPU's
-memory it reserves (so tasks sharing a GPU stack up); an ``x`` marks each eviction.
-Needs matplotlib (the ``sim`` extra).
+Top panel: one horizontal lane per GPU (``node/index``), time (simulated seconds) across; one bar per
+admission of a task, coloured by task, from its admission to its eviction, its finish or the end of the
+run, as tall as the share of the GPU's memory it reserves (tasks sharing a GPU stack up). Bars of tasks
+still running when the run ends are hatched; a red ``x`` marks each eviction; dashed lines mark the last
+finish (the makespan) and the end of the run. Bottom panel: GPU memory reserved, in % of the cluster's,
+over time. The title counts the tasks that finished, still run, still wait or failed; tasks never
+admitted are listed under the plot. Needs matplotlib (the ``sim`` extra).
 """
 
 from __future__ import annotations
@@ -15,56 +18,122 @@ from gputask.core import Gpu
 from gputask.manifests.convert import gpu_request
 from gputask.sim.scenario_model import Scenario, scenario_gpus
 
-Interval = tuple[float, float, float]  # start, end, share of the GPU (0..1]
+Interval = tuple[float, float, float, bool]  # start, end (s), share of the GPU (0..1], still running at the end
+
+
+class PlotError(Exception):
+    """The plot cannot be written (matplotlib missing, the path not writable): one line, exit 2."""
+
+
+def title_of(result: dict[str, Any], until: float) -> str:
+    """``policy packing: 3 of 5 tasks finished, the last at 310 s; at the end (600 s): 1 running, 1 waiting``."""
+    tasks = result["tasks"]
+    phases: dict[str, int] = {}
+    for task in tasks:
+        phases[task["phase"]] = phases.get(task["phase"], 0) + 1
+    done = phases.get("Succeeded", 0)
+    head = f"policy {result['policy']}: {done} of {len(tasks)} tasks finished"
+    if result["makespan"] is not None:
+        head += f", the last at {result['makespan']:g} s"
+    rest = [f"{phases[p]} {word}" for p, word in (("Running", "running"), ("Pending", "waiting"),
+                                                  ("Failed", "failed")) if phases.get(p)]
+    return head + (f"; at the end ({until:g} s): {', '.join(rest)}" if rest else "")
 
 
 def write_timeline(result: dict[str, Any], scenario: Scenario, path: Path) -> None:
-    """Draw the run's per-GPU timeline into ``path`` (PNG); ``scenario`` is the input as run."""
-    import matplotlib
+    """Draw the run's per-GPU occupancy into ``path`` (PNG); ``scenario`` is the input as run.
 
+    Raises :class:`PlotError` when matplotlib is not installed or ``path`` cannot be written.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotError("--plot needs matplotlib: pip install 'gputask[sim]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     gpus = scenario_gpus(scenario)
     lanes = {lane: i for i, lane in enumerate(gpus)}
     specs = [e.submit.spec for _, e in scenario.ordered_events() if e.submit is not None]
-    fig, ax = plt.subplots(figsize=(12, 1 + 0.6 * len(lanes)))
+    until = scenario.until
+    height = 1.6 + 0.45 * len(lanes)
+    fig, (ax, use) = plt.subplots(
+        2, 1, figsize=(12, height + 2.2), sharex=True, gridspec_kw={"height_ratios": [height, 1.6]}
+    )
     colors = matplotlib.colormaps["tab20"]
     placed: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
-    right = 0.0
+    changes: dict[float, float] = {}  # time -> change of reserved MiB
+    handles: list[Any] = []
+    never: list[str] = []
+    right = 0.0  # where the picture ends: the end of the run if a task still runs then, else the last bar's end
     for n, (task, spec) in enumerate(zip(result["tasks"], specs, strict=True)):
         color = colors(n % colors.N)
-        for lane, (start, end, share) in _intervals(task, spec, gpus, scenario.until):
+        name = f"{task['namespace']}/{task['name']}"
+        intervals = _intervals(task, spec, gpus, until)
+        if not intervals:
+            never.append(f"{name} ({task['reason'] or task['phase']})")
+        for lane, (start, end, share, open_end) in intervals:
+            right = max(right, until if open_end else end)
             bottom = _stack(placed.setdefault(lane, []), start, end, share)
-            right = max(right, end)
-            # y grows downwards (lanes listed top to bottom), so a lane fills from its bottom edge up
-            ax.barh(
-                lanes[lane] + 0.45 - (bottom + share) * 0.9,
-                end - start,
-                height=share * 0.9,
-                left=start,
-                align="edge",
-                color=color,
-                edgecolor="black",
-                linewidth=0.5,
-                label=f"{task['namespace']}/{task['name']}",
+            ax.barh(  # y grows downwards (lanes listed top to bottom): a lane fills from its bottom edge up
+                lanes[lane] + 0.45 - (bottom + share) * 0.9, end - start, height=share * 0.9, left=start,
+                align="edge", color=color, edgecolor="black", linewidth=0.5, hatch="//" if open_end else None,
             )
+            mib = share * gpus[lane].memory_mib
+            changes[start] = changes.get(start, 0.0) + mib
+            if not open_end:  # still reserved when the run ends
+                changes[end] = changes.get(end, 0.0) - mib
+        if intervals and len(handles) < 30:
+            handles.append(Patch(facecolor=color, edgecolor="black", label=name))
         for entry in task["history"]:
             if entry["event"] == "Evicted":
                 for index in entry["gpus"]:
                     ax.plot(entry["at"], lanes[(entry["node"], index)], "x", color="red", markersize=10)
+    marks = [
+        Patch(facecolor="white", edgecolor="black", hatch="//", label="still running at the end"),
+        Line2D([], [], marker="x", color="red", linestyle="none", markersize=8, label="evicted"),
+    ]
+    if result["makespan"] is not None:
+        marks.append(Line2D([], [], color="black", linestyle="--", label="last finish (makespan)"))
+    if right >= until:
+        marks.append(Line2D([], [], color="grey", linestyle=":", label="end of the run"))
+    right = right or until
+    for axis in (ax, use):
+        if result["makespan"] is not None:
+            axis.axvline(result["makespan"], color="black", linestyle="--", linewidth=1)
+        if right >= until:
+            axis.axvline(until, color="grey", linestyle=":", linewidth=1)
     ax.set_yticks(range(len(lanes)), [f"{node}/{index}" for node, index in lanes])
-    ax.set_xlabel("seconds")
-    ax.set_xlim(0, (right or scenario.until) * 1.02)
+    ax.set_ylabel("GPU (node/index)\nbar height: share of its memory")
     ax.invert_yaxis()
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    if len(unique) <= 30:
-        ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-    ax.set_title(f"policy {result['policy']}, makespan {result['makespan']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    ax.legend(handles=handles + marks, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
+              title="tasks (colour)" if len(handles) < 30 else "first 30 tasks")
+    ax.set_title(title_of(result, until), fontsize="medium")
+    total = sum(g.memory_mib for g in gpus.values()) or 1
+    times, levels, level = [0.0], [0.0], 0.0
+    for at in sorted(changes):
+        level += changes[at]
+        times.append(at)
+        levels.append(100.0 * max(level, 0.0) / total)
+    times.append(right)
+    levels.append(levels[-1])
+    use.step(times, levels, where="post", color="tab:blue", label="GPU memory reserved")
+    use.set_ylim(0, 105)
+    use.set_ylabel("reserved\n(% of cluster)")
+    use.set_xlabel("simulated time (s)")
+    use.set_xlim(0, right * 1.02)
+    if never:
+        shown = ", ".join(never[:8]) + (f" and {len(never) - 8} more" if len(never) > 8 else "")
+        fig.text(0.01, 0.005, f"never admitted: {shown}", fontsize="small", va="bottom")
+    fig.tight_layout(rect=(0, 0.03 if never else 0, 1, 1))
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise PlotError(f"--plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def _intervals(
@@ -75,12 +144,12 @@ def _intervals(
     for entry in [*task["history"], {"at": until, "event": "End"}]:
         if entry["event"] == "Admitted":
             opened = entry
-        elif opened is not None and entry["event"] in ("Evicted", "Finished", "End"):
+        elif opened is not None and entry["event"] in ("Evicted", "Finished", "End", "Deleted", "Failed"):
             request = gpu_request(spec)
             for index in opened["gpus"]:
                 gpu = gpus[(opened["node"], index)]
                 share = min(1.0, request.mib_on(gpu) / gpu.memory_mib)
-                out.append(((opened["node"], index), (opened["at"], entry["at"], share)))
+                out.append(((opened["node"], index), (opened["at"], entry["at"], share, entry["event"] == "End")))
             opened = None
     return out
 

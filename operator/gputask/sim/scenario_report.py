@@ -22,9 +22,9 @@ def print_table(result: dict[str, Any], console: Console | None = None) -> None:
     config = result["config"]
     makespan = result["makespan"]
     console.print(
-        f"policy [bold]{result['policy']}[/]  makespan "
-        f"{'-' if makespan is None else f'{makespan} s'}  "
-        f"nodeFailureGracePeriod {config['nodeFailureGracePeriod']:g} s"
+        f"policy [bold]{result['policy']}[/]  makespan (last finish) "
+        f"{'-' if makespan is None else f'{makespan} s'}  unfinished {result['unfinished']} "
+        f"(running or waiting at the end)  nodeFailureGracePeriod {config['nodeFailureGracePeriod']:g} s"
     )
     console.print(_tasks_table(result["tasks"]))
     console.print(_queues_table(result["queues"]))
