@@ -33,6 +33,10 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+MetricsAddress = Annotated[
+    str, typer.Option("--metrics-bind-address", help="IP address the metrics endpoint listens on (0.0.0.0: every "
+                      "interface; 127.0.0.1 behind a proxy sidecar).")
+]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 
 VersionOption = Annotated[
@@ -339,6 +343,7 @@ def run(
     metrics_port: Annotated[
         int | None, typer.Option(min=0, max=65535, help="Serve Prometheus metrics on this port.")
     ] = None,
+    metrics_bind_address: MetricsAddress = "0.0.0.0",
 ) -> None:
     """Run the operator against a cluster."""
     import asyncio
@@ -362,7 +367,8 @@ def run(
         typer.echo(f"gputask run: cannot load the Kubernetes configuration: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port))
+        asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port,
+                                 metrics_address=metrics_bind_address))
     except OSError as exc:
         if exc.errno not in BIND_ERRORS:
             raise
@@ -377,6 +383,7 @@ def agent(
     interval: Annotated[str, typer.Option(help="Probe period (e.g. 10s).")] = "10s",
     heartbeat: Annotated[str, typer.Option(help="Status patch period when nothing changed.")] = "30s",
     metrics_port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 9401,
+    metrics_bind_address: MetricsAddress = "0.0.0.0",
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig; default in-cluster, then ~/.kube/config.")] = None,
 ) -> None:
     """Run the node agent: report this node's GPUs (NVML) into its GPUNode.
@@ -393,6 +400,7 @@ def agent(
             heartbeat=heartbeat,
             metrics_port=metrics_port,
             kubeconfig=kubeconfig,
+            metrics_address=metrics_bind_address,
         )
     )
 

@@ -356,6 +356,8 @@ def test_operator_runs_the_configured_command_with_probes(rendered: dict[str, li
             "http://0.0.0.0:8080/healthz",
             "--metrics-port",
             "9400",
+            "--metrics-bind-address",
+            "0.0.0.0",
         ],
         "ports": [
             {"name": "metrics", "containerPort": 9400, "protocol": "TCP"},
@@ -405,7 +407,8 @@ def test_agent_gets_its_node_name_and_fake_gpus_on_kind(rendered: dict[str, list
     }
     assert summary == {
         "image": ("gputask:e2e", "Never"),
-        "args": ["agent", "--node-name", "$(NODE_NAME)", "--metrics-port", "9401", "--fake-gpus", "2x24Gi"],
+        "args": ["agent", "--node-name", "$(NODE_NAME)", "--metrics-port", "9401", "--metrics-bind-address", "0.0.0.0",
+                 "--fake-gpus", "2x24Gi"],
         "node_name": {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         "nodeSelector": {"gputask.io/fake-gpus": "true"},
         "runtimeClassName": None,

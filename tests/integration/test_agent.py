@@ -181,3 +181,19 @@ async def test_agent_and_operator_commands_exit_2_on_a_taken_metrics_port(cluste
     finally:
         holder.close()
     assert outcomes == [(2, "gputask agent", True), (2, "gputask run", True)]
+
+
+async def test_metrics_bind_address_is_where_they_listen(cluster: Cluster) -> None:
+    """--metrics-bind-address reaches the listener: an address this host does not have (TEST-NET-3) is one line
+    on stderr naming it, exit 2, for the agent and the operator."""
+    outcomes = []
+    for args in (
+        ["agent", "--node-name", NODE, "--fake-gpus", "1x8Gi", "--metrics-port", "0",
+         "--metrics-bind-address", "203.0.113.9"],
+        ["run", "--metrics-port", "19733", "--metrics-bind-address", "203.0.113.9"],
+    ):
+        proc = await gputask_command(cluster, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        last = err.decode().strip().splitlines()[-1]
+        outcomes.append((proc.returncode, last.split(":")[0], "assign requested address" in last))
+    assert outcomes == [(2, "gputask agent", True), (2, "gputask run", True)]

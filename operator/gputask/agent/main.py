@@ -56,6 +56,7 @@ def cli_agent(
     heartbeat: str,
     metrics_port: int,
     kubeconfig: str | None,
+    metrics_address: str = "0.0.0.0",
 ) -> int:
     """The ``gputask agent`` command; returns the exit code."""
     try:
@@ -80,26 +81,26 @@ def cli_agent(
         return 2
     reporter = Reporter(client, probe, node, interval_s=interval_s, heartbeat_s=heartbeat_s)
     try:
-        asyncio.run(_serve(reporter, metrics_port))
+        asyncio.run(_serve(reporter, metrics_port, metrics_address))
     except OSError as exc:
         if exc.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
             raise
-        print(f"gputask agent: cannot serve metrics on port {metrics_port}: {exc}", file=sys.stderr)
+        print(f"gputask agent: cannot serve metrics on {metrics_address} port {metrics_port}: {exc}", file=sys.stderr)
         return 2
     finally:
         probe.close()
     return 0
 
 
-async def _serve(reporter: Reporter, metrics_port: int) -> None:
+async def _serve(reporter: Reporter, metrics_port: int, host: str = "0.0.0.0") -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):  # platforms without signal handlers
             loop.add_signal_handler(sig, stop.set)
-    log.info("agent for node %s, metrics on port %d", reporter.node_name, metrics_port)
+    log.info("agent for node %s, metrics on %s port %d", reporter.node_name, host, metrics_port)
     try:
-        await run_agent(reporter, stop=stop, metrics_port=metrics_port)
+        await run_agent(reporter, stop=stop, metrics_port=metrics_port, host=host)
     finally:
         await reporter.client.close()
 

@@ -68,14 +68,16 @@ async def run_operator(
     peering: str | None = None,
     liveness_endpoint: str | None = None,
     metrics_port: int | None = None,
+    metrics_address: str = "0.0.0.0",
 ) -> None:
     """Run kopf with the operator's registry until ``stop_flag`` is set (or forever).
 
     ``liveness_endpoint`` (e.g. ``http://0.0.0.0:8080/healthz``) is kopf's probe endpoint;
-    ``metrics_port`` serves the operator's Prometheus metrics on all interfaces.
+    ``metrics_port`` serves the operator's Prometheus metrics on ``metrics_address`` (default every interface).
+    Raises OSError when that address and port cannot be listened on.
     """
     if metrics_port:
-        prometheus_client.start_http_server(metrics_port, registry=operator.metrics.registry)
+        prometheus_client.start_http_server(metrics_port, addr=metrics_address, registry=operator.metrics.registry)
     namespace = operator.config.namespace
     await kopf.operator(
         registry=operator.registry,
