@@ -184,11 +184,12 @@ def explain(
     if obj is None:
         typer.echo(f'gputask: GPUTask "{task}" not found in namespace {ns}', err=True)
         raise typer.Exit(1)
-    found = explain_task(view, ns, task)
+    status = obj.get("status") or {}
+    found = explain_task(view, ns, task, status)
     if output == "json":
-        typer.echo(diagnosis_json(found))
+        typer.echo(diagnosis_json(found, status))
         return
-    render_diagnosis(console_for(), found, obj.get("status") or {})
+    render_diagnosis(console_for(), found, status)
 
 
 @scenario_app.command("run")

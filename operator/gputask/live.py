@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any
 
@@ -24,8 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gputask.config import Config
-from gputask.core.diagnose import Diagnosis, diagnose
+from gputask.core.diagnose import Diagnosis, change_for, diagnose
 from gputask.core.model import task_key
+from gputask.core.reasons import Wait
 from gputask.k8s.client import PODS, ApiError, KubeClient, load_api_client
 from gputask.k8s.controller import Controller
 from gputask.k8s.foreign import UNFINISHED_PODS
@@ -47,6 +48,9 @@ def default_namespace(kubeconfig: str | None, context: str | None) -> str:
         if context:
             raise LiveError(f"context {context!r}: no kubeconfig to read it from") from None
         return "default"
+    except Exception as exc:  # a file that is no kubeconfig (YAML errors and the like)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LiveError(f"cannot read the kubeconfig {kubeconfig or '(default)'}: {first}") from None
     chosen = current if not context else next((c for c in contexts if c.get("name") == context), None)
     if chosen is None:
         names = ", ".join(sorted(str(c.get("name")) for c in contexts))
@@ -57,9 +61,14 @@ def default_namespace(kubeconfig: str | None, context: str | None) -> str:
 def connect(kubeconfig: str | None, context: str | None) -> KubeClient:
     """A read-only client for the command (user agent ``gputask-cli``); :class:`LiveError` when no config loads."""
     try:
-        api = load_api_client(kubeconfig, user_agent="gputask-cli", pool_size=4, context=context)
+        api = load_api_client(kubeconfig, user_agent="gputask-cli", pool_size=4, context=context, retries=0)
     except Exception as exc:  # kubernetes.config raises several types for a missing or broken kubeconfig
-        raise LiveError(f"cannot load the Kubernetes configuration: {exc}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LiveError(f"cannot load the Kubernetes configuration: {first}") from None
+    if not api.configuration.verify_ssl:  # insecure-skip-tls-verify is the kubeconfig's choice: no warning per call
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     return KubeClient(api, workers=4, field_manager="gputask-cli", timeout_s=15.0)
 
 
@@ -80,6 +89,9 @@ async def list_all(client: KubeClient) -> dict[str, list[dict[str, Any]]]:
                                 "gputask CRDs installed (helm install, or kubectl apply -f crds/)?") from None
             if exc.status == 0:
                 raise LiveError(f"the API server is unreachable: {exc.message or exc.reason}") from None
+            if exc.status == 403:
+                raise LiveError(f"listing {resource.plural} is forbidden: these commands read the whole pool (bind "
+                                "the chart's ClusterRole gputask-inspect to you with a ClusterRoleBinding)") from None
             raise LiveError(f"listing {resource.plural} failed: {exc}") from None
     return objects
 
@@ -141,10 +153,11 @@ def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, nam
         placement = status.get("placement") or {}
         record = view.tasks.get(key)
         phase = record.phase if record is not None else str(status.get("phase") or "Pending")
+        resolved = record.task.queue if record is not None and record.task is not None else None
         rows.append({
             "namespace": ns,
             "name": str(meta.get("name")),
-            "queue": str(status.get("queue") or spec.get("queueName") or "-"),
+            "queue": str(status.get("queue") or resolved or spec.get("queueName") or "-"),
             "phase": phase,
             "position": positions.get(key),
             "node": str(placement.get("node") or "-"),
@@ -158,7 +171,9 @@ def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, nam
 
 
 def queue_rows(view: Controller) -> list[dict[str, Any]]:
-    """One row per GPUClusterQueue: cohort, pending, admitted, usage over nominal per flavor and resource."""
+    """One row per GPUClusterQueue: cohort, pending, admitted, active (``yes``, ``held``, ``no``) and ``usage``:
+    per listed quota key (``nvidia.com/gpu`` in milli-GPU, ``gputask.io/gpu-memory`` in MiB; ``@flavor`` keys per
+    flavor), ``{"used", "nominal"}``."""
     status = view.scheduler.queue_status()
     quotas = view.scheduler.quotas
     rows = []
@@ -166,41 +181,48 @@ def queue_rows(view: Controller) -> list[dict[str, Any]]:
         spec = quotas.specs.get(name)
         usage = info["usage"]
         assert isinstance(usage, dict)
-        parts = []
-        for resource, used in usage.items():
-            quota = spec.quotas.get(resource) if spec is not None else None
-            nominal = "-" if quota is None else _quantity(resource, quota.nominal)
-            parts.append(f"{resource} {_quantity(resource, used)}/{nominal}")
+        listed = spec.quotas if spec is not None else {}
         rows.append({
             "name": name,
             "cohort": (spec.cohort if spec is not None else None) or "-",
             "pending": info["pending"],
             "admitted": info["admitted"],
-            "usage": ", ".join(parts) or "-",
             "active": "no" if spec is None else ("held" if spec.stop_policy != "None" else "yes"),
+            "usage": {key: {"used": usage.get(key, 0), "nominal": quota.nominal} for key, quota in listed.items()},
         })
     return rows
 
 
-def _quantity(resource: str, amount: int) -> str:
-    if resource.startswith("nvidia.com/gpu"):
-        return f"{amount // 1000}" if amount % 1000 == 0 else f"{amount}m"
-    return f"{amount // 1024}Gi" if amount % 1024 == 0 else f"{amount}Mi"
+def _usage_text(usage: Mapping[str, Mapping[str, int]]) -> str:
+    """``nvidia.com/gpu 750m/1500m, ...``: used over nominal, both in the same unit."""
+    parts = []
+    for key, value in usage.items():
+        used, nominal = value["used"], value["nominal"]
+        if key.startswith("nvidia.com/gpu"):
+            whole = used % 1000 == 0 and nominal % 1000 == 0
+            text = f"{used // 1000}/{nominal // 1000}" if whole else f"{used}m/{nominal}m"
+        else:
+            whole = used % 1024 == 0 and nominal % 1024 == 0
+            text = f"{used // 1024}Gi/{nominal // 1024}Gi" if whole else f"{used}Mi/{nominal}Mi"
+        parts.append(f"{key} {text}")
+    return ", ".join(parts) or "-"
 
 
 def node_rows(view: Controller) -> list[dict[str, Any]]:
-    """One row per node with GPUs: schedulable (or why not), GPUs (count x product), MiB reserved, foreign and
-    free over total, and how many tasks it holds."""
+    """One row per node with GPUs: schedulable (or why not), GPUs (``{product: count}``), MiB reserved, used by
+    others (foreign), free and total, and how many tasks it holds."""
     rows = []
     for state in view.scheduler.cluster.sorted_nodes():
         node = state.node
-        products = sorted({g.product for g in node.gpus})
+        products: dict[str, int] = {}
+        for gpu in node.gpus:
+            products[gpu.product] = products.get(gpu.product, 0) + 1
         total = sum(g.memory_mib for g in node.gpus)
         free = sum(state.free_mib(pos) for pos in range(len(node.gpus)))
         rows.append({
             "node": node.name,
             "schedulable": "yes" if node.schedulable else f"no ({node.unschedulable_reason or 'unschedulable'})",
-            "gpus": f"{len(node.gpus)}x {', '.join(products)}" if products else "0",
+            "gpus": dict(sorted(products.items())),
             "reserved_mib": sum(state.reserved_mib),
             "foreign_mib": sum(g.foreign_mib for g in node.gpus),
             "free_mib": free,
@@ -235,14 +257,35 @@ def gpu_rows(view: Controller) -> list[dict[str, Any]]:
     return rows
 
 
-def explain_task(view: Controller, namespace: str, name: str) -> Diagnosis:
-    """The diagnosis of task ``namespace/name`` in ``view``."""
-    return diagnose(view.scheduler, task_key(namespace, name))
+def explain_task(view: Controller, namespace: str, name: str, status: Mapping[str, Any] | None = None) -> Diagnosis:
+    """The diagnosis of task ``namespace/name`` in ``view``. A task the scheduler does not hold but the operator
+    keeps waiting before any queue (its GPULocalQueue missing, its PriorityClass missing) is reported ``pending``
+    with that reason (from ``status``) as its gate."""
+    found = diagnose(view.scheduler, task_key(namespace, name))
+    record = view.tasks.get(task_key(namespace, name))
+    reason = _reason(status or {})
+    if found.state == "unknown" and record is not None and record.phase == "Pending" and reason:
+        gate = Wait(reason, str((status or {}).get("message") or ""))
+        return replace(found, state="pending", gate=gate, changes=(change_for(gate),))
+    return found
 
 
 # -- rendering ---------------------------------------------------------------------------------------
 TASK_COLUMNS = ("queue", "phase", "position", "node", "gpus", "memory", "reason", "age")
 TASK_HEADERS = {"position": "POS"}
+
+
+def _cell(column: str, value: Any) -> str:
+    """A row value as table text (JSON keeps the structure)."""
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    if isinstance(value, dict) and column == "usage":
+        return _usage_text(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{n}x {k}" for k, n in value.items()) or "0"
+    return str(value)
 
 
 def render_table(console: Console, rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
@@ -255,8 +298,7 @@ def render_table(console: Console, rows: Sequence[Mapping[str, Any]], columns: S
     for column in columns:
         table.add_column((headers or {}).get(column, column.replace("_", " ").upper()), overflow="fold")
     for row in rows:
-        table.add_row(*("-" if row[c] is None else ", ".join(row[c]) if isinstance(row[c], list) else str(row[c])
-                        for c in columns))
+        table.add_row(*(_cell(c, row[c]) for c in columns))
     with console.capture() as captured:
         console.print(table)
     lines = "\n".join(line.rstrip() for line in captured.get().splitlines())
@@ -269,17 +311,19 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
     def out(text: str) -> None:
         console.print(text, soft_wrap=True)
 
-    out(f"[bold]{found.key}[/]: {status.get('phase') or found.state}"
+    out(f"[bold]{found.key}[/]: {status.get('phase') or found.state.capitalize()}"
         + (f" ({_reason(status)}: {status.get('message')})" if _reason(status) else ""))
     if found.state == "unknown":
-        out("The operator's view has no such task waiting or running (it finished, failed, or its spec is invalid).")
+        out("The operator's view has no such task waiting or running (it finished, or failed for good).")
         return
     queue = found.queue + (f" (through GPULocalQueue {found.local_queue})" if found.local_queue else "")
-    out(f"GPUClusterQueue: {queue}; priority {found.priority}")
+    if found.queue:
+        out(f"GPUClusterQueue: {queue}; priority {found.priority}")
     if found.state == "admitted":
         out(f"Admitted on node {found.node}.")
         return
-    out(f"Position: {found.position} of {found.waiting_in_queue} waiting in {found.queue!r} (0 = head)")
+    if found.position is not None:
+        out(f"Position: {found.position} of {found.waiting_in_queue} waiting in {found.queue!r} (0 = head)")
     if found.gate is not None:
         out(f"Held before placement: {found.gate.reason}: {found.gate.message}")
     for view in found.flavors:
@@ -292,7 +336,9 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
         fitting = sum(1 for n in view.nodes if n.fits)
         out(f"  nodes: {fitting}/{len(view.nodes)} fit now")
         for verdict in view.nodes:
-            out(f"    {verdict.node}: " + ("fits" if verdict.fits else "; ".join(verdict.refusals)))
+            text = "; ".join(verdict.refusals) if not verdict.fits else "fits" if verdict.quota is None else (
+                f"fits, but its charge there exceeds the quota of {verdict.quota}")
+            out(f"    {verdict.node}: {text}")
         if view.preemption.victims:
             names = ", ".join(f"{v.key} (priority {v.priority}, {v.queue})" for v in view.preemption.victims)
             out(f"  preemption: would evict {names} on node {view.preemption.node}")
@@ -308,9 +354,13 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
         out("\nNo single change found that would let it in now; it waits for running tasks to finish.")
 
 
-def diagnosis_json(found: Diagnosis) -> str:
-    """The diagnosis as JSON (field names as in :class:`~gputask.core.diagnose.Diagnosis`)."""
-    return json.dumps(asdict(found), indent=1, default=str)
+def diagnosis_json(found: Diagnosis, status: Mapping[str, Any] | None = None) -> str:
+    """The diagnosis as JSON (field names as in :class:`~gputask.core.diagnose.Diagnosis`), with the task's
+    ``phase``, ``reason`` and ``message`` from its status."""
+    status = status or {}
+    head = {"phase": status.get("phase") or found.state.capitalize(), "reason": _reason(status) or None,
+            "message": status.get("message")}
+    return json.dumps({**head, **asdict(found)}, indent=1, default=str)
 
 
 def console_for(width: int | None = None) -> Console:

@@ -40,8 +40,8 @@ SNAPSHOTS = {  # noqa: E501 (the commands' lines, verbatim)
     ),
     'get queues': (
         'NAME     COHORT  PENDING  ADMITTED  ACTIVE  USAGE\n'
-        'default  -       2        1         yes     nvidia.com/gpu 834m/2, gputask.io/gpu-memory 20Gi/-\n'
-        'tight    -       1        1         yes     nvidia.com/gpu 334m/500m, gputask.io/gpu-memory 8Gi/-\n'
+        'default  -       2        1         yes     nvidia.com/gpu 834m/2000m\n'
+        'tight    -       1        1         yes     nvidia.com/gpu 334m/500m\n'
     ),
     'get nodes': (
         'NODE    SCHEDULABLE  GPUS           RESERVED MIB  FOREIGN MIB  FREE MIB  TOTAL MIB  TASKS\n'
@@ -62,7 +62,7 @@ SNAPSHOTS = {  # noqa: E501 (the commands' lines, verbatim)
         'placement\n'
         '  quota nvidia.com/gpu: needs 334 milli-GPU, 166 left (short by 168)\n'
         '  nodes: 1/2 fit now\n'
-        '    node-a: fits\n'
+        '    node-a: fits, but its charge there exceeds the quota of nvidia.com/gpu\n'
         '    node-t: TaintToleration: had untolerated taint {dedicated: infer}\n'
         "  preemption: none: GPUClusterQueue 'tight' preempts nothing (withinClusterQueue and reclaimWithinCohort are Never)\n"
         '\n'
@@ -126,6 +126,14 @@ async def seed(cluster: Cluster) -> None:
     await cluster.submit(gputask("half", queueName="tight", gpuMemory="8Gi"))
 
 
+async def report_used(cluster: Cluster) -> None:
+    """What the agent reports once big and half run: their memory in use on node-a's GPUs (not foreign use)."""
+    gpus = (await cluster.client.get(GPUNODES, "node-a"))["status"]["gpus"]
+    for gpu, used in zip(gpus, ("20Gi", "8Gi"), strict=True):
+        gpu["memoryUsed"] = used
+    await cluster.client.patch(GPUNODES, "node-a", {"status": {"gpus": gpus}}, status=True)
+
+
 async def settle(cluster: Cluster, names: tuple[str, ...]) -> None:
     async def done() -> bool:
         found = {}
@@ -146,13 +154,14 @@ async def cli(cluster: Cluster, *args: str) -> tuple[int, str]:
 
 def aged(text: str) -> str:
     """The AGE column (last) as ``<age>``."""
-    return re.sub(r"\b\d+[smhd]$", "<age>", text, flags=re.M)
+    return re.sub(r"(?<=  )\d+[smhd]$", "<age>", text, flags=re.M)
 
 
 async def test_live_commands_answer_for_quota_memory_and_taint(cluster: Cluster) -> None:
     async with running_operator(cluster):
         await seed(cluster)
         await settle(cluster, ("big", "half"))
+        await report_used(cluster)
         for name, spec in (("more", {"queueName": "tight", "gpuMemory": "8Gi"}), ("mem", {"gpuMemory": "20Gi"}),
                            ("on-l4", {"gpuMemory": "4Gi", "gpuProducts": [L4]})):
             await cluster.submit(gputask(name, **spec))
@@ -189,6 +198,11 @@ async def test_live_commands_json_all_namespaces_and_errors(cluster: Cluster, tm
     missing = await asyncio.to_thread(runner.invoke, app, ["get", "nodes", "--kubeconfig", str(tmp_path / "none")])
     assert (missing.exit_code, missing.output) == (
         2, f"gputask: cannot load the Kubernetes configuration: kubeconfig {tmp_path / 'none'}: no such file\n")
+    garbage = tmp_path / "garbage.kubeconfig"
+    garbage.write_text("garbage: [\n")
+    broken = await asyncio.to_thread(runner.invoke, app, ["get", "tasks", "--kubeconfig", str(garbage)])
+    assert (broken.exit_code, broken.output.startswith(f"gputask: cannot read the kubeconfig {garbage}: "),
+            broken.output.count("\n")) == (2, True, 1)
     bad = await cli(cluster, "get", "tasks", "--context", "nope")
     assert bad[0] == 2 and bad[1].startswith("gputask: context 'nope' is not in the kubeconfig (it has: ")
     assert bad[1].count("\n") == 1

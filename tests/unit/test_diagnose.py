@@ -53,7 +53,8 @@ def test_whole_gpu_task_counts_idle_gpus_and_a_cpu_bound_node_names_the_cpu() ->
     running(s, task("one", memory_gib=1))
     s.submit(task("two", count=2, created=1.0))
     assert diagnose(s, TaskKey("ns/two")).changes == (
-        "memory: 1 more idle GPU on node n1 would let it in (or ask for gpuMemory instead of whole GPUs, to share)",)
+        "memory: 1 more idle GPU on node n1 would let it in (when tasks there finish or are preempted, held by "
+        "ns/one)",)
     t = make(replace(node("n2", 16), cpu_milli=4000))
     t.submit(replace(task("cpu", memory_gib=1), cpu_milli=6000))
     assert diagnose(t, TaskKey("ns/cpu")).changes == ("request: cpu 4000m or less fits node n2 now",)
@@ -78,7 +79,8 @@ def test_gate_unknown_and_admitted() -> None:
     found = diagnose(s, TaskKey("ns/held"))
     assert (found.gate, found.flavors, found.changes) == (
         Wait("QueueHeld", "GPUClusterQueue 'q' is stopped (Hold)"), (),
-        ("QueueHeld: GPUClusterQueue 'q' is stopped (Hold)",))
+        ("queue: set spec.stopPolicy: None on its GPUClusterQueue to resume admission (GPUClusterQueue 'q' is "
+         "stopped (Hold))",))
     assert diagnose(s, TaskKey("ns/none")).state == "unknown"
     t = make(node("n1", 16))
     running(t, task("in", memory_gib=1))
@@ -95,3 +97,45 @@ def test_a_task_no_node_could_ever_hold_is_told_so_and_never_fits_now() -> None:
     assert diagnose(s, TaskKey("ns/products")).changes == (
         "cluster: no node could ever hold it (it needs a GPU of ['NVIDIA-H100'], 1024 MiB free, on one node that "
         "its taints and selector allow): add such a node, or ask for fewer GPUs or less memory per GPU",)
+
+
+def test_quota_is_judged_on_the_card_a_node_would_charge() -> None:
+    """From a trial: the least charge (over the largest card) fitted the 250m left, the L4 it must land on
+    charges 334m; explain said "fits now" while the operator said QuotaExceeded. Now the node says its charge
+    exceeds the quota, and the change names what is missing on that card."""
+    big = replace(node("big", 40), labels=(("pool", "a"),))
+    small = replace(node("small", 24, product="NVIDIA-L4"), labels=(("pool", "b"),))
+    s = make(big, small, queues=(replace(cq("q", gpus=1)),))
+    running(s, replace(task("first", memory_gib=30), constraints=Constraints(node_selector=(("pool", "a"),))))
+    s.submit(replace(task("on-b", memory_gib=8, created=1.0), constraints=Constraints(node_selector=(("pool", "b"),))))
+    found = diagnose(s, TaskKey("ns/on-b"))
+    view = found.flavors[0]
+    assert (view.fits_now, [(n.node, n.fits, n.quota) for n in view.nodes], view.quota[0].needs,
+            view.quota[0].left) == (False, [("big", False, None), ("small", True, "nvidia.com/gpu")], 334, 250)
+    assert found.changes == ("quota: GPUClusterQueue 'q' needs 84m GPU more of nvidia.com/gpu (raise nominalQuota "
+                             "or borrowingLimit, or wait for its running tasks to finish)",)
+    assert [type(d).__name__ for d in s.cycle(2.0)] == ["Pending"]  # the cycle agrees: it waits
+
+
+def test_a_node_side_change_says_when_quota_must_grow_too() -> None:
+    tainted = replace(node("t", 16), taints=(Taint("dedicated", "infer", "NoSchedule"),))
+    s = make(node("a", 16), tainted, queues=(cq("q", gpus=1),))
+    running(s, task("holder", memory_gib=16))
+    s.submit(task("wants", memory_gib=12, created=1.0))
+    assert diagnose(s, TaskKey("ns/wants")).changes == (
+        "quota: GPUClusterQueue 'q' needs 750m GPU more of nvidia.com/gpu (raise nominalQuota or borrowingLimit, "
+        "or wait for its running tasks to finish); not enough alone: no node has room for it now (see below)",
+        "memory: 12288 MiB more free on node a GPU 0 would let it in (when tasks there finish or are preempted, "
+        "held by ns/holder)",
+        "taint: tolerating dedicated=infer:NoSchedule would let it onto node t now; not enough alone: "
+        "GPUClusterQueue 'q' also needs 750m GPU more of nvidia.com/gpu",
+    )
+
+
+def test_a_multi_gpu_task_behind_a_whole_gpu_holder_is_told_who_holds_it() -> None:
+    s = make(node("n", 16, 8))
+    running(s, task("whole", count=1))
+    s.submit(task("pair", count=2, memory_gib=6, created=1.0))
+    changes = diagnose(s, TaskKey("ns/pair")).changes
+    assert changes[0].startswith("memory: 6144 MiB more free on node n GPUs 0, 1 would let it in") and (
+        "held by ns/whole" in changes[0]), changes

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 from gputask.core.cluster import NodeState
 from gputask.core.fit import NO_CONSTRAINTS, Filter, Toleration
 from gputask.core.flavors import describe_key, split_key
-from gputask.core.model import MILLI_PER_GPU, Task, TaskKey
+from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
 from gputask.core.preemption import any_preemption, candidates, may_preempt, needing_preemption
-from gputask.core.quota import GPU
+from gputask.core.quota import GPU, Usage
 from gputask.core.reasons import Wait, could_ever_fit, min_usage, need_text, refusals
 
 if TYPE_CHECKING:
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class QuotaLine:
-    """One quota key the task charges: ``needs`` (the least it charges) and ``left`` (what its queue may still
-    use now; None: unlimited), in ``unit`` (milli-GPU or MiB)."""
+    """One quota key the task charges: ``needs`` (what it would charge on the cheapest node that can hold it now,
+    else the least it could charge anywhere) and ``left`` (what its queue may still use now; None: unlimited), in
+    ``unit`` (milli-GPU or MiB)."""
 
     resource: str
     needs: int
@@ -46,11 +47,19 @@ class QuotaLine:
 
 @dataclass(frozen=True, slots=True)
 class NodeVerdict:
-    """One node for the task: ``fits`` now, else the filters' texts (``Filter: text``) in kube-scheduler's order."""
+    """One node for the task: ``fits`` (every filter passes), else the filters' texts (``Filter: text``) in
+    kube-scheduler's order. For a node that fits, ``quota`` names the quota key that refuses what the placement
+    there would charge (None: quota allows it, so it could be admitted there now)."""
 
     node: str
     fits: bool
     refusals: tuple[str, ...] = ()
+    quota: str | None = None
+
+    @property
+    def admits(self) -> bool:
+        """True when the task could be admitted on this node now (it fits, and quota allows its charge)."""
+        return self.fits and self.quota is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +94,7 @@ class FlavorView:
     @property
     def fits_now(self) -> bool:
         """True when a node takes it now within quota: the next cycle admits it unless tasks ahead take the room."""
-        return any(n.fits for n in self.nodes) and not any(q.short for q in self.quota)
+        return any(n.admits for n in self.nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +150,7 @@ def diagnose(scheduler: Scheduler, key: TaskKey) -> Diagnosis:
     )
     gate = scheduler.gate(task)
     if gate is not None:
-        return replace(base, gate=gate, changes=(_gate_change(gate),))
+        return replace(base, gate=gate, changes=(change_for(gate),))
     spec = scheduler.quotas.specs[task.queue]
     variants = scheduler.variants(task) if spec.flavors else [task]
     views = tuple(_flavor_view(scheduler, v) for v in variants)
@@ -153,24 +162,45 @@ def diagnose(scheduler: Scheduler, key: TaskKey) -> Diagnosis:
     return replace(base, flavors=views, changes=tuple(changes))
 
 
-def _gate_change(gate: Wait) -> str:
-    return f"{gate.reason}: {gate.message}"
+def change_for(gate: Wait) -> str:
+    """What to do about a queue-level wait (``gate``): the action, then the reason's message."""
+    reason, message = gate.reason, gate.message
+    actions = {
+        "QueueNotFound": "queue: create it",
+        "QueueHeld": "queue: set spec.stopPolicy: None on its GPUClusterQueue to resume admission",
+        "QueueInactive": "queue: make it active",
+        "NamespaceNotAllowed": "namespace: label the namespace so the queue's namespaceSelector selects it, or "
+        "widen the selector",
+        "PriorityClassNotFound": "priority: create the PriorityClass it names, or name one that exists",
+        "InvalidSpec": "spec: correct it (it will not be admitted as it is)",
+    }
+    action = actions.get(reason, f"{reason}")
+    return f"{action} ({message})" if message else action
 
 
 def _flavor_view(scheduler: Scheduler, task: Task) -> FlavorView:
     quotas = scheduler.quotas
     least = min_usage(task, scheduler.health.largest_gpu_mib)
-    lines = tuple(
-        QuotaLine(resource, amount, quotas.available(task.queue, resource), _unit(resource))
-        for resource, amount in least.items()
-        if resource in quotas.specs[task.queue].quotas
-    )
     verdicts = []
+    charges: list[Usage] = []
     for state in scheduler.cluster.sorted_nodes():
         found = refusals(state, task)
-        verdicts.append(NodeVerdict(state.name, not found, tuple(f"{r.filter.value}: {r.text}" for r in found)))
+        refused = None
+        if not found:
+            _, charge, refused = scheduler.try_place(task, state.name)
+            if charge is not None:
+                charges.append(charge)
+        verdicts.append(NodeVerdict(state.name, not found, tuple(f"{r.filter.value}: {r.text}" for r in found),
+                                    refused))
+    listed = quotas.specs[task.queue].quotas
+    lines = []
+    for resource, amount in least.items():
+        if resource not in listed:
+            continue
+        needs = min((c.get(resource, 0) for c in charges), default=amount)
+        lines.append(QuotaLine(resource, needs, quotas.available(task.queue, resource), _unit(resource)))
     ever = any(could_ever_fit(state, task) for state in scheduler.cluster.sorted_nodes())
-    return FlavorView(task.flavor, lines, tuple(verdicts), _preemption(scheduler, task, least), ever)
+    return FlavorView(task.flavor, tuple(lines), tuple(verdicts), _preemption(scheduler, task, least), ever)
 
 
 def _preemption(scheduler: Scheduler, task: Task, least: dict[str, int]) -> PreemptionView:
@@ -225,21 +255,27 @@ def _no_candidates(scheduler: Scheduler, task: Task) -> str:
 
 
 def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
-    """The smallest change per kind of obstacle, each checked on the node it names."""
+    """The smallest change per kind of obstacle, each checked on the node it names; a change that is not enough
+    alone says what else it needs."""
     where = f" (flavor {task.flavor})" if task.flavor else ""
+    if view.fits_now:
+        return []
     out: list[str] = []
-    for line in view.quota:
-        if line.short:
-            out.append(
-                f"quota: GPUClusterQueue {task.queue!r} needs {_amount(line.short, line.unit)} more of "
-                f"{describe_key(line.resource)}{where} (raise nominalQuota or borrowingLimit, or wait for its "
-                "running tasks to finish)"
-            )
-    if any(n.fits for n in view.nodes):
-        return out  # a node holds it now: only quota (if anything) keeps it out
+    fitting = any(n.fits for n in view.nodes)
+    if view.ever:
+        for line in view.quota:
+            if line.short:
+                alone = "" if fitting else "; not enough alone: no node has room for it now (see below)"
+                out.append(
+                    f"quota: GPUClusterQueue {task.queue!r} needs {_amount(line.short, line.unit)} more of "
+                    f"{describe_key(line.resource)} (raise nominalQuota or borrowingLimit, or wait for its "
+                    f"running tasks to finish){alone}"
+                )
+    if fitting:
+        return out  # a node holds it now: only quota keeps it out
     states = scheduler.cluster.sorted_nodes()
-    found = [*_gpu_changes(states, task, where), *_static_changes(states, task, where),
-             *_host_changes(states, task, where)]
+    found = [*_gpu_changes(scheduler, states, task, where), *_static_changes(scheduler, states, task, where),
+             *_host_changes(scheduler, states, task, where)]
     if not found and not view.ever:
         req = task.request
         each = f"{req.count} GPUs" if req.count > 1 else "a GPU"
@@ -251,18 +287,29 @@ def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
     return out + found
 
 
+def _quota_note(scheduler: Scheduler, task: Task, node: str) -> str:
+    """``""`` when quota allows what ``task`` would charge on ``node``, else what quota must also give."""
+    _, charge, refused = scheduler.try_place(task, NodeName(node))
+    if charge is None or refused is None:
+        return ""
+    left = scheduler.quotas.available(task.queue, refused) or 0
+    short = charge.get(refused, 0) - left
+    return (f"; not enough alone: GPUClusterQueue {task.queue!r} also needs {_amount(short, _unit(refused))} more "
+            f"of {describe_key(refused)}")
+
+
 def _only(state: NodeState, task: Task, kind: Filter) -> bool:
     """True when ``kind`` is the one filter refusing ``state`` for ``task``."""
     found = refusals(state, task)
     return bool(found) and all(r.filter is kind for r in found)
 
 
-def _gpu_changes(states: list[NodeState], task: Task, where: str) -> list[str]:
+def _gpu_changes(scheduler: Scheduler, states: list[NodeState], task: Task, where: str) -> list[str]:
     """For nodes only the GPU filter refuses: the largest request that fits now, and the least memory to free."""
     req = task.request
     best_fit: tuple[int, str] | None = None  # (per-GPU MiB that fits now, node)
     least_free: tuple[int, str, str, str] | None = None  # (MiB to free, node, which GPUs, held by)
-    idle_short: tuple[int, str] | None = None  # (GPUs missing, node) for whole-GPU tasks
+    idle_short: tuple[int, str, str] | None = None  # (GPUs missing, node, held by) for whole-GPU tasks
     for state in states:
         if not _only(state, task, Filter.GPU):
             continue
@@ -271,15 +318,15 @@ def _gpu_changes(states: list[NodeState], task: Task, where: str) -> list[str]:
             continue
         if req.exclusive:
             idle = sum(1 for pos, _ in gpus if state.is_idle(pos))
-            short = req.count - idle
-            if idle_short is None or (short, state.name) < idle_short:
-                idle_short = (short, state.name)
+            busy = {g.index for pos, g in gpus if not state.is_idle(pos)}
+            holders = ", ".join(sorted(k for k, p in state.tasks.items() if busy & set(p.indices)))
+            candidate = (req.count - idle, state.name, holders)
+            if idle_short is None or candidate[:2] < idle_short[:2]:
+                idle_short = candidate
             continue
-        free = sorted((state.free_mib(pos), g.index) for pos, g in gpus if not state.exclusive[pos])
-        if len(free) < req.count:
-            continue
+        free = sorted((state.free_mib(pos), g.index) for pos, g in gpus)  # 0 on a GPU held whole
         fits_now = free[-req.count][0]  # the count-th most free GPU: the largest request all of them take now
-        if best_fit is None or (-fits_now, state.name) < (-best_fit[0], best_fit[1]):
+        if fits_now > 0 and (best_fit is None or (-fits_now, state.name) < (-best_fit[0], best_fit[1])):
             best_fit = (fits_now, state.name)
         large = [(f, i) for f, i in free if req.mib_on(state.node.gpus[state.position[i]]) <= state.node.gpus[
             state.position[i]].memory_mib]  # GPUs that could hold it once enough is freed
@@ -294,21 +341,24 @@ def _gpu_changes(states: list[NodeState], task: Task, where: str) -> list[str]:
             least_free = (missing, state.name, which, holders)
     out = []
     if idle_short is not None:
-        short, node = idle_short
+        short, node, holders = idle_short
+        held = f", held by {holders}" if holders else ""
         out.append(f"memory: {short} more idle GPU{'s' if short > 1 else ''} on node {node}{where} would let it in "
-                   "(or ask for gpuMemory instead of whole GPUs, to share)")
+                   f"(when tasks there finish or are preempted{held})")
     if least_free is not None:
         missing, node, which, holders = least_free
         label = "GPU" if "," not in which else "GPUs"
         held = f", held by {holders}" if holders else ""
         out.append(f"memory: {missing} MiB more free on node {node} {label} {which}{where} would let it in "
                    f"(when tasks there finish or are preempted{held})")
-    if best_fit is not None and req.memory_mib is not None and best_fit[0] > 0:
-        out.append(f"request: gpuMemory {best_fit[0]}Mi or less (per GPU) fits node {best_fit[1]}{where} now")
+    if best_fit is not None and req.memory_mib is not None:
+        smaller = replace(task, request=replace(req, memory_mib=best_fit[0]))
+        out.append(f"request: gpuMemory {best_fit[0]}Mi or less (per GPU) fits node {best_fit[1]}{where} now"
+                   + _quota_note(scheduler, smaller, best_fit[1]))
     return out
 
 
-def _static_changes(states: list[NodeState], task: Task, where: str) -> list[str]:
+def _static_changes(scheduler: Scheduler, states: list[NodeState], task: Task, where: str) -> list[str]:
     """A taint to tolerate, or a selector to relax, that alone would let a node take the task now."""
     constraints = task.constraints or NO_CONSTRAINTS
     tolerant = replace(task, constraints=replace(constraints, tolerations=(*constraints.tolerations, Toleration(
@@ -323,19 +373,21 @@ def _static_changes(states: list[NodeState], task: Task, where: str) -> list[str
             taints = ", ".join(f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
                                for t in state.node.taints if t.effect in ("NoSchedule", "NoExecute")
                                and not any(x.tolerates(t) for x in constraints.tolerations))
-            out.append(f"taint: tolerating {taints} would let it onto node {state.name}{where} now")
+            out.append(f"taint: tolerating {taints} would let it onto node {state.name}{where} now"
+                       + _quota_note(scheduler, tolerant, state.name))
             break
     for state in states:
         found = refusals(state, task)
         if not found or found[0].filter is not Filter.NODE_AFFINITY:
             continue
         if not refusals(state, unselective):
-            out.append(f"selector: node {state.name}{where} would take it now if its nodeSelector/affinity allowed it")
+            out.append(f"selector: node {state.name}{where} would take it now if its nodeSelector/affinity allowed it"
+                       + _quota_note(scheduler, unselective, state.name))
             break
     return out
 
 
-def _host_changes(states: list[NodeState], task: Task, where: str) -> list[str]:
+def _host_changes(scheduler: Scheduler, states: list[NodeState], task: Task, where: str) -> list[str]:
     """Host resources (cpu, memory) the task asks beyond the nearest node's free allocatable."""
     best: tuple[int, str, str] | None = None
     for state in states:
@@ -346,7 +398,10 @@ def _host_changes(states: list[NodeState], task: Task, where: str) -> list[str]:
             ("memory", state.memory_free_mib, task.memory_mib, "Mi"),
         ):
             if free is not None and need > free and _fits_with(state, task, name, free):
-                text = f"request: {name} {max(free, 0)}{unit} or less fits node {state.name}{where} now"
+                smaller = replace(task, cpu_milli=max(free, 0)) if name == "cpu" else replace(
+                    task, memory_mib=max(free, 0))
+                text = (f"request: {name} {max(free, 0)}{unit} or less fits node {state.name}{where} now"
+                        + _quota_note(scheduler, smaller, state.name))
                 if best is None or (need - free, state.name) < (best[0], best[1]):
                     best = (need - free, state.name, text)
     return [] if best is None else [best[2]]
@@ -357,4 +412,4 @@ def _fits_with(state: NodeState, task: Task, name: str, free: int) -> bool:
     return not refusals(state, smaller)
 
 
-__all__ = ["Diagnosis", "FlavorView", "NodeVerdict", "PreemptionView", "QuotaLine", "Victim", "diagnose"]
+__all__ = ["Diagnosis", "change_for", "FlavorView", "NodeVerdict", "PreemptionView", "QuotaLine", "Victim", "diagnose"]

@@ -769,6 +769,22 @@ class Scheduler:
         spec = self.quotas.specs.get(task.queue)
         return [] if spec is None else self._variants(task, spec)
 
+    def try_place(self, task: Task, node: NodeName | None = None) -> tuple[Placement | None, Usage | None, str | None]:
+        """Where a cycle would place ``task`` now (on ``node`` only, when given), ignoring quota; what that
+        placement charges its queue; and the first quota key that refuses it (None: quota allows it).
+        (None, None, None) when no node (or not ``node``) can take it. Changes nothing."""
+        if node is not None and not self.cluster.has_node(node):
+            return None, None, None
+        nodes = None if node is None else [self.cluster.node(node)]
+        outcome = find_placement(self.cluster, task, self.policy, nodes=nodes)
+        placement = outcome.placement
+        if placement is None:
+            return None, None, None
+        state = self.cluster.node(placement.node)
+        usage = usage_of(placement, _memory_by_index(state), task.flavor, task.card_mib)
+        refused = self.quotas.refuses(task.queue, usage) if task.queue in self.quotas.specs else None
+        return placement, usage, refused
+
     def preemption_plan(self, task: Task) -> Plan | None:
         """The preemption a cycle would start for ``task`` (in its flavor) now, None when none makes room.
         Changes nothing (:meth:`Planner.targets` restores what it tries)."""

@@ -116,11 +116,13 @@ def load_api_client(
     user_agent: str = "gputask-operator",
     pool_size: int = 16,
     context: str | None = None,
+    retries: int | None = None,
 ) -> k8s_client.ApiClient:
     """An ApiClient from ``kubeconfig``, else the in-cluster config, else ~/.kube/config (``$KUBECONFIG``).
 
     ``context`` names a kubeconfig context (default: its current-context; given, the in-cluster config is
-    not tried). ``pool_size`` bounds the HTTP connections kept per host (size it like the thread pool).
+    not tried). ``pool_size`` bounds the HTTP connections kept per host (size it like the thread pool);
+    ``retries`` the attempts urllib3 repeats a failed connection (None: its default, 3).
     Raises ``kubernetes.config.ConfigException`` for a missing file or context.
     """
     configuration = k8s_client.Configuration()
@@ -136,6 +138,8 @@ def load_api_client(
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
+    if retries is not None:
+        configuration.retries = retries
     api = k8s_client.ApiClient(configuration)
     api.user_agent = f"{user_agent}/{__version__}"
     return api

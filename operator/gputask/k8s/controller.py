@@ -602,6 +602,8 @@ class Controller:
             record = self.by_uid.get(job.task_uid)
             if job.terminating or record is None or record.job_name != job.name:
                 self.hold(job)  # an old attempt, or a deleted task's Job, still on its GPUs
+        for name in list(inv.gpunodes):  # GPUNodes came before the tasks: memory our restored tasks use was
+            inv.refresh_node(name, now)  # counted as foreign; recount it against their reservations now
         for record in self.tasks.values():
             if record.phase in PLACED_PHASES and status_behind(record):
                 # a restart between creating the Job and writing the status: finish the write
