@@ -503,3 +503,24 @@ async def test_job_create_is_validated_and_quota_counted_as_the_api_server_does(
         {"reason": "FieldValueNotSupported", "message": 'Unsupported value: "Always": supported values: "OnFailure", '
          '"Never"', "field": "spec.template.spec.restartPolicy"}
     ]
+
+
+async def test_many_concurrent_requests_are_all_answered(server: EmulatorServer, api: aiohttp.ClientSession) -> None:
+    """Hundreds of creates, reads, patches and lists at once, with a reaction in front, each get their answer
+    (kmock finds a request's reaction by looking for it in its request records, which the emulator keeps short:
+    requests still in flight must stay in them)."""
+    server.emulator["get /api/v1/nodes"] << 503  # a reaction in front of the emulated API, as fault tests add
+
+    async def one(i: int) -> int:
+        path = "/api/v1/namespaces/default/configmaps"
+        status, _ = await call(api, "POST", path, {"metadata": {"name": f"c{i}"}, "data": {"i": str(i)}})
+        assert status == 201
+        await call(api, "GET", f"{path}/c{i}")
+        await call(api, "PATCH", f"{path}/c{i}", {"data": {"j": "1"}})
+        async with api.get("/api/v1/nodes") as resp:
+            assert resp.status == 503
+        status, _ = await call(api, "GET", path)
+        return status
+
+    async with asyncio.timeout(60):
+        assert await asyncio.gather(*(one(i) for i in range(300))) == [200] * 300

@@ -159,6 +159,11 @@ class Store:
     _orphaning: set[str] = field(default_factory=set)  # uids being deleted with Orphan
     _crd_served: dict[str, list[resource]] = field(default_factory=dict)
     _deleted: collections.deque[Key] = field(default_factory=collections.deque)  # oldest first
+    # Indexes, so a create, a LIST or a deletion costs what it touches, not every object stored (a 2,000-task
+    # burst made each create scan all objects for ResourceQuotas, and each deletion scan them twice for owners):
+    _by_res: dict[resource, dict[Key, None]] = field(default_factory=dict)  # every stored key, by resource
+    _owned: dict[str, set[Key]] = field(default_factory=dict)  # owner uid -> live dependents naming it
+    _uids: dict[str, Key] = field(default_factory=dict)  # uid -> key of the live object
 
     def live(self, key: Key) -> Obj | None:
         """The current state of an object, or None; never mutate it (writes store new dicts)."""
@@ -168,10 +173,11 @@ class Store:
 
     def items(self, res: resource, namespace: str | None = None) -> list[tuple[Key, Obj]]:
         """Live objects of a resource (in a namespace, or all), sorted by namespace and name."""
+        objects = self.objects
         found = [
             (key, obj.last.raw)
-            for key, obj in self.objects.items()
-            if key[0] == res and not obj.deleted and namespace in (None, key[1])
+            for key in self._by_res.get(res, ())
+            if namespace in (None, key[1]) and not (obj := objects[key]).deleted
         ]
         return sorted(found, key=lambda item: (item[0][1] or "", item[0][2]))
 
@@ -327,20 +333,44 @@ class Store:
         last["metadata"]["resourceVersion"] = str(self.rv)
         self._store(key, last)
         self.objects[key].delete()
+        self._index(key, last, live=False)
         self._deleted.append(key)
         while len(self._deleted) > DELETED_SIZE:  # bound the memory of long `make demo` runs
             forgotten = self._deleted.popleft()
             if forgotten in self.objects and self.objects[forgotten].deleted:
                 del self.objects[forgotten]
+                self._by_res.get(forgotten[0], {}).pop(forgotten, None)
         self._emit(Event(self.rv, res, "DELETED", last, old))
         if res == CRD_RESOURCE:
             self._uninstall(str(last["metadata"]["name"]))
         self._collect_garbage(last["metadata"].get("uid"))
         return last
 
+    def _index(self, key: Key, obj: Obj, *, live: bool) -> None:
+        """Keep the uid and owner indexes in step with ``obj``, the new state of ``key`` (``live``: not deleted)."""
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        previous = self.live(key) if live else None
+        before = {r.get("uid") for r in ((previous or {}).get("metadata") or {}).get("ownerReferences") or []}
+        for owner in before:
+            self._owned.get(str(owner), set()).discard(key)
+        if not live:
+            for owner in {r.get("uid") for r in meta.get("ownerReferences") or []}:
+                self._owned.get(str(owner), set()).discard(key)
+            if uid and self._uids.get(uid) == key:
+                del self._uids[uid]
+            return
+        if uid:
+            self._uids[uid] = key
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("uid"):
+                self._owned.setdefault(str(ref["uid"]), set()).add(key)
+
     def _store(self, key: Key, obj: Obj) -> None:
+        self._index(key, obj, live=True)
         if key not in self.objects:
             self.objects[key] = obj
+            self._by_res.setdefault(key[0], {})[key] = None
             return
         history = self.objects[key].history
         history.append(obj)
@@ -361,18 +391,15 @@ class Store:
             return
         orphan = uid in self._orphaning
         self._orphaning.discard(uid)
-        dependents = [
-            key
-            for key, obj in self.objects.items()
-            if not obj.deleted
-            and any(ref.get("uid") == uid for ref in obj.last.raw["metadata"].get("ownerReferences") or [])
-        ]
+        dependents = sorted(self._owned.pop(uid, set()), key=lambda k: (str(k[0]), k[1] or "", k[2]))
         for key in dependents:
             current = self.live(key)
             if current is None:
                 continue  # already collected through another owner
-            live_uids = {o.last.raw["metadata"].get("uid") for o in self.objects.values() if not o.deleted}
+            live_uids = self._uids
             refs = current["metadata"].get("ownerReferences") or []
+            if not any(ref.get("uid") == uid for ref in refs):
+                continue
             if orphan or any(ref.get("uid") in live_uids for ref in refs if ref.get("uid") != uid):
                 kept = [
                     ref for ref in refs if ref.get("uid") != uid and (orphan or ref.get("uid") in live_uids)

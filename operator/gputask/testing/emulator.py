@@ -52,7 +52,7 @@ from gputask.testing._store import (
     not_found,
 )
 
-RECORDS_SIZE = 8  # requests kept in kmock's records: its dispatch scans them all for every payload, every request
+RECORDS_SIZE = 1  # requests kept in kmock's records: its dispatch filters them all for every reaction, every request
 ANSWERS = 10_000  # writes kept in GpuTaskEmulator.answers
 
 
@@ -95,6 +95,7 @@ class GpuTaskEmulator(KubernetesEmulator):
     store: Store = attrs.field(init=False)
     answers: collections.deque[Answer] = attrs.field(init=False, factory=lambda: collections.deque(maxlen=ANSWERS))
     injected: list[Injection] = attrs.field(init=False, factory=list)
+    _in_flight: set[int] = attrs.field(init=False, factory=set)  # ids of the requests being served
 
     def __attrs_post_init__(self) -> None:
         # Skip KubernetesEmulator's own CRUD fallbacks; keep the scaffold's discovery and 404s.
@@ -157,12 +158,15 @@ class GpuTaskEmulator(KubernetesEmulator):
         try:
             request = await _http.parse_request(raw_request, len(self._requests))
             self._requests.append(request)
+            self._in_flight.add(id(request))
             self._trim_records()
             try:
                 return await self._handle(request)
             except StreamingError as e:  # the response had started streaming
                 raw_response = e.args[0]
                 raise e.__cause__ or e from None
+            finally:
+                self._in_flight.discard(id(request))
         except Exception as e:
             if not isinstance(e, KubernetesError) and self._errors:
                 self._errors[-1].append(e)  # only real failures count for kmock's strict mode
@@ -177,12 +181,20 @@ class GpuTaskEmulator(KubernetesEmulator):
         return await KubernetesScaffold._handle(self, request)
 
     def _trim_records(self) -> None:
-        if len(self._requests) > 2 * RECORDS_SIZE:
-            del self._requests[:-RECORDS_SIZE]
-            for payload in self._payloads:
-                del payload._requests[:-RECORDS_SIZE]
-            for errors in self._errors:
-                del errors[:-RECORDS_SIZE]
+        """Keep kmock's records short, but never drop a request still being served: kmock's dispatch finds the
+        reaction for a request by looking for it in the records, also after an await (a reaction that declines),
+        and a request trimmed meanwhile matched nothing (a stalled answer under concurrent requests)."""
+        if len(self._requests) <= 2 * RECORDS_SIZE:
+            return
+        flying = self._in_flight
+        older = [r for r in self._requests[:-RECORDS_SIZE] if id(r) in flying]
+        self._requests[:] = older + self._requests[-RECORDS_SIZE:]
+        for payload in self._payloads:
+            served = payload._requests
+            keep = [r for r in served[:-RECORDS_SIZE] if id(r) in flying]
+            served[:] = keep + served[-RECORDS_SIZE:]
+        for errors in self._errors:
+            del errors[:-RECORDS_SIZE]
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if isinstance(exc, KubernetesError):
