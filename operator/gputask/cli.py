@@ -345,6 +345,7 @@ def run(
         int | None, typer.Option(min=0, max=65535, help="Serve Prometheus metrics on this port.")
     ] = None,
     metrics_bind_address: MetricsAddress = "0.0.0.0",
+    verbose: Annotated[bool, typer.Option("--verbose", help="Also log kopf's line per handled event (INFO).")] = False,
 ) -> None:
     """Run the operator against a cluster."""
     import asyncio
@@ -369,7 +370,7 @@ def run(
         raise typer.Exit(2) from None
     try:
         asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port,
-                                 metrics_address=metrics_bind_address))
+                                 metrics_address=metrics_bind_address, verbose=verbose))
     except OSError as exc:
         if exc.errno not in BIND_ERRORS:
             raise

@@ -7,6 +7,8 @@ observed where the events happen. Served by ``gputask run --metrics-port``.
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gputask.core import GPU, GPU_MEMORY, MILLI_PER_GPU, Scheduler
@@ -42,6 +44,8 @@ class OperatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._nodes = {}  # node -> (state generation, node, GPU indices) as last exported
+        self._inadmissible: dict[str, int] = {}  # pending tasks waiting as Inadmissible, per queue (last counted)
         r = self.registry
         self.pending = Gauge("gputask_pending_tasks", "Tasks waiting in each queue.", ["queue"], registry=r)
         self.pending_by_status = Gauge(
@@ -148,18 +152,17 @@ class OperatorMetrics:
             registry=r,
         )
 
-    def refresh(self, scheduler: Scheduler) -> None:
-        """Set the gauges from the scheduler's state (after a cycle)."""
-        counts = dict.fromkeys((f.value for f in Filter), 0)
-        for filters in scheduler.filters.values():
-            for name, _nodes in filters:
-                counts[name] = counts.get(name, 0) + 1
-        for name, count in counts.items():
-            self.by_filter.labels(name).set(count)
-        inadmissible: dict[str, int] = {}
-        for task in scheduler.pending:
-            if scheduler.reasons.get(task.key, ("",))[0] == "Inadmissible":
-                inadmissible[task.queue] = inadmissible.get(task.queue, 0) + 1
+    _nodes: dict[str, tuple[int, object, tuple[str, ...]]]
+
+    def refresh(self, scheduler: Scheduler, *, waiting: bool = True) -> None:
+        """Set the gauges from the scheduler's state (after a cycle). ``waiting`` False skips the series that read
+        every waiting task's reason (refused per filter, pending active and inadmissible), which the loop sets at
+        most once a second; the rest costs in proportion to queues and to the nodes that changed."""
+        if waiting:
+            self._refresh_waiting(scheduler)
+        else:
+            self._inadmissible = {q: n for q, n in self._inadmissible.items() if q in scheduler.quotas.specs}
+        inadmissible = self._inadmissible
         for gauge in (self.nominal, self.borrowing_limit, self.lending_limit):
             gauge.clear()  # a queue or flavor removed since takes its series with it
         for name, spec in scheduler.quotas.specs.items():
@@ -174,7 +177,7 @@ class OperatorMetrics:
             self.pending.labels(queue).set(report["pending"])  # type: ignore[arg-type]
             waiting = int(report["pending"])  # type: ignore[call-overload]
             self.pending_by_status.labels(queue, "inadmissible").set(inadmissible.get(queue, 0))
-            self.pending_by_status.labels(queue, "active").set(waiting - inadmissible.get(queue, 0))
+            self.pending_by_status.labels(queue, "active").set(max(0, waiting - inadmissible.get(queue, 0)))
             self.admitted.labels(queue).set(report["admitted"])  # type: ignore[arg-type]
             usage, borrowed = report["usage"], report["borrowed"]
             assert isinstance(usage, dict) and isinstance(borrowed, dict)
@@ -189,16 +192,54 @@ class OperatorMetrics:
             for resource, (used, lent) in totals.items():
                 self.usage.labels(queue, resource).set(_base(resource, used))
                 self.borrowed.labels(queue, resource).set(_base(resource, lent))
-        self.gpu_reserved.clear()
-        self.gpu_free.clear()
+        self._refresh_nodes(scheduler)
+        if waiting:  # reads every GPU: with the once-a-second series
+            self.fragmentation.set(fragmentation_ratio(scheduler))
+
+    def _refresh_waiting(self, scheduler: Scheduler) -> None:
+        counts = dict.fromkeys((f.value for f in Filter), 0)
+        for filters in scheduler.filters.values():
+            for name, _nodes in filters:
+                counts[name] = counts.get(name, 0) + 1
+        for name, count in counts.items():
+            self.by_filter.labels(name).set(count)
+        inadmissible: dict[str, int] = {}
+        pending = scheduler.pending
+        for key, (reason, _, _) in scheduler.reasons.items():
+            task = pending.get(key) if reason == "Inadmissible" else None
+            if task is not None:
+                inadmissible[task.queue] = inadmissible.get(task.queue, 0) + 1
+        self._inadmissible = inadmissible
+
+    def _refresh_nodes(self, scheduler: Scheduler) -> None:
+        """Per-node and per-GPU memory gauges of the nodes that changed since the last refresh (by the node
+        state's generation), and no series for nodes or GPUs gone: label calls in proportion to what changed."""
+        seen: dict[str, tuple[int, object, tuple[str, ...]]] = {}
         for state in scheduler.cluster.sorted_nodes():
+            indices = tuple(str(g.index) for g in state.node.gpus)
+            mark = (state.generation, state.node, indices)
+            seen[state.name] = mark
+            if self._nodes.get(state.name) == mark:
+                continue
+            self._drop_gpus(state.name, set(self._nodes.get(state.name, (0, None, ()))[2]) - set(indices))
             free = sum(state.free_mib(p) for p in range(len(state.node.gpus)))
             self.reserved.labels(state.name).set(sum(state.reserved_mib) * MIB)
             self.free.labels(state.name).set(free * MIB)
-            for pos, gpu in enumerate(state.node.gpus):
-                self.gpu_reserved.labels(state.name, str(gpu.index)).set(state.reserved_mib[pos] * MIB)
-                self.gpu_free.labels(state.name, str(gpu.index)).set(state.free_mib(pos) * MIB)
-        self.fragmentation.set(fragmentation_ratio(scheduler))
+            for pos, index in enumerate(indices):
+                self.gpu_reserved.labels(state.name, index).set(state.reserved_mib[pos] * MIB)
+                self.gpu_free.labels(state.name, index).set(state.free_mib(pos) * MIB)
+        for name in set(self._nodes) - set(seen):
+            self._drop_gpus(name, set(self._nodes[name][2]))
+            for gauge in (self.reserved, self.free):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
+        self._nodes = seen
+
+    def _drop_gpus(self, node: str, indices: set[str]) -> None:
+        for index in indices:
+            for gauge in (self.gpu_reserved, self.gpu_free):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(node, index)
 
 
 def _base(resource: str, amount: int) -> float:

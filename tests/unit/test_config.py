@@ -49,6 +49,7 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "leaseRenewInterval": 2.0,
         "podStartTimeout": 120.0,
         "apiConcurrency": 16,
+        "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
     }
 
@@ -82,6 +83,7 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "leaseRenewInterval": 2.0,
         "podStartTimeout": 120.0,
         "apiConcurrency": 16,
+        "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
     }
 

@@ -139,3 +139,17 @@ def test_a_multi_gpu_task_behind_a_whole_gpu_holder_is_told_who_holds_it() -> No
     changes = diagnose(s, TaskKey("ns/pair")).changes
     assert changes[0].startswith("memory: 6144 MiB more free on node n GPUs 0, 1 would let it in") and (
         "held by ns/whole" in changes[0]), changes
+
+
+def test_position_changes_are_reported_for_the_tracked_heads_only() -> None:
+    """Pending decisions carry a queue position; when the queue moves, only tasks now among the first
+    ``tracked_positions`` get a new decision (a status write) for the new position alone."""
+    s = Scheduler(nodes=[node("n", 16)], tracked_positions=2)
+    s.set_queue(cq("q", gpus=1))
+    running(s, task("holder", memory_gib=16))
+    for i in range(4):
+        s.submit(task(f"w{i}", memory_gib=16, created=1.0 + i))
+    first = [(d.task.key, d.position) for d in s.cycle(2.0)]
+    assert first == [("ns/w0", 0), ("ns/w1", 1), ("ns/w2", 2), ("ns/w3", 3)]  # new reasons: all reported
+    s.pending.discard(TaskKey("ns/w0"))  # w0 gone (deleted): everyone moves up one
+    assert [(d.task.key, d.position) for d in s.cycle(3.0)] == [("ns/w1", 0), ("ns/w2", 1)]

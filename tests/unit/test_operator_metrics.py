@@ -46,3 +46,31 @@ def test_quota_limits_pending_by_status_and_per_gpu_memory_after_a_cycle() -> No
         "nominal": 1.0, "borrowing": 1.0, "lending": 0.5, "active": 1.0, "inadmissible": 1.0, "used": 0.417,
         "reserved": [float(10 << 30), 0.0], "free": [float(14 << 30), float(24 << 30)], "latency": 1.0,
     }  # fmt: skip
+
+
+def test_gpu_gauges_follow_changes_and_drop_nodes_gone() -> None:
+    """Per-GPU gauges are set again only for nodes that changed, and a node removed takes its series along
+    (label work in proportion to what changed, not to the cluster, on every refresh)."""
+    def node(name: str, *gib: int) -> Node:
+        return Node(NodeName(name), tuple(Gpu(i, f"{name}-{i}", "NVIDIA-A10", g * GIB) for i, g in enumerate(gib)))
+
+    s = Scheduler(nodes=[node("a", 24, 24), node("b", 24)])
+    s.set_queue(queue_from_manifest("q", {"namespaceSelector": {}, "resources": [
+        {"name": "nvidia.com/gpu", "nominalQuota": 8}]}))
+    metrics = OperatorMetrics()
+    metrics.refresh(s)
+    sample = metrics.registry.get_sample_value
+
+    def free(name: str, gpu: str) -> float | None:
+        return sample("gputask_gpu_memory_free_bytes", {"node": name, "gpu": gpu})
+
+    assert (free("a", "0"), free("b", "0")) == (24 * GIB * 2**20, 24 * GIB * 2**20)
+    s.submit(Task(TaskKey("ns/t"), "q", GpuRequest(1, memory_mib=10 * GIB), created=0))
+    placed = [d for d in s.cycle(0.0) if hasattr(d, "placement")][0]
+    s.remove_node(NodeName("b") if placed.placement.node == "a" else NodeName("a"))
+    metrics.refresh(s)
+    gone = "b" if placed.placement.node == "a" else "a"
+    on = placed.placement.node
+    frees = sorted(free(on, str(i)) or 0.0 for i in range(2 if on == "a" else 1))
+    assert (free(gone, "0"), sample("gputask_node_gpu_memory_free_bytes", {"node": gone}), frees[0]) == (
+        None, None, 14 * GIB * 2**20)

@@ -138,3 +138,19 @@ def test_inspect_role_lists_everything_the_live_commands_read() -> None:
     granted = rbac.grants(rbac.INSPECT)
     assert {(g.group, g.resource) for g in granted if g.verb == "list"} == read
     assert {g.verb for g in granted} == {"get", "list"}
+
+
+def test_the_operator_registers_event_handlers_only() -> None:
+    """The operator's kopf registry has no change-detecting handler (on.create/update/delete/field/resume),
+    daemon or timer: that is what makes its no-op diff-base storage (k8s.main.EventsOnlyDiffBase) safe."""
+    from gputask.k8s.main import EventsOnlyDiffBase, operator_settings
+
+    operator = Operator(Config(), client_module.KubeClient(k8s_client.ApiClient()))
+    registry = operator.registry
+    resources = list(registry._watching.get_all_handlers())  # noqa: SLF001 (kopf keeps these registries private)
+    assert (
+        [h for h in registry._changing.get_all_handlers()],  # noqa: SLF001
+        [h for h in registry._spawning.get_all_handlers()],  # noqa: SLF001
+        len(resources) > 5,
+        isinstance(operator_settings().persistence.diffbase_storage, EventsOnlyDiffBase),
+    ) == ([], [], True, True)

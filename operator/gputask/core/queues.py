@@ -25,12 +25,14 @@ class QueueManager:
     def __init__(self) -> None:
         self._tasks: dict[TaskKey, Task] = {}
         self._order: list[OrderKey] = []
+        self._counts: dict[str, int] = {}  # pending tasks per queue, kept as they come and go
 
     def push(self, task: Task) -> None:
         """Add or replace a pending task."""
         self.discard(task.key)
         self._tasks[task.key] = task
         bisect.insort(self._order, order_key(task))
+        self._counts[task.queue] = self._counts.get(task.queue, 0) + 1
 
     def discard(self, key: TaskKey) -> Task | None:
         """Remove a task if pending; returns it."""
@@ -39,6 +41,11 @@ class QueueManager:
             ok = order_key(task)
             i = bisect.bisect_left(self._order, ok)
             del self._order[i]
+            left = self._counts[task.queue] - 1
+            if left:
+                self._counts[task.queue] = left
+            else:
+                del self._counts[task.queue]
         return task
 
     def get(self, key: TaskKey) -> Task | None:
@@ -63,8 +70,5 @@ class QueueManager:
                 yield task
 
     def count_by_queue(self) -> dict[str, int]:
-        """Number of pending tasks per queue name."""
-        out: dict[str, int] = {}
-        for task in self._tasks.values():
-            out[task.queue] = out.get(task.queue, 0) + 1
-        return out
+        """Number of pending tasks per queue name (kept as tasks come and go: O(queues))."""
+        return dict(self._counts)

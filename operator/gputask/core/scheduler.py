@@ -72,7 +72,8 @@ class Admit:
 @dataclass(frozen=True, slots=True)
 class Pending:
     """``task`` stays pending; emitted when ``reason`` or ``message`` changes, or when its
-    ``position`` in its queue (0 = head) changes among the first :data:`TRACKED_POSITIONS`.
+    ``position`` in its queue (0 = head) changes among the first ``tracked_positions`` (:data:`TRACKED_POSITIONS`
+    unless the scheduler was given another number).
 
     ``position`` is left out of equality: it is a report, not a decision; so is ``filters``
     (nodes refused per filter, see :class:`~gputask.core.reasons.Wait`), which is for metrics.
@@ -142,9 +143,11 @@ class Scheduler:
         nodes: Iterable[Node] = (),
         node_failure_grace_s: float = 60.0,
         preemption_strategies: Sequence[str] = DEFAULT_STRATEGIES,
+        tracked_positions: int = TRACKED_POSITIONS,
     ) -> None:
         self.policy = policy or make_policy(DEFAULT_POLICY)
         self.strategies = strategies_of(preemption_strategies)
+        self.tracked_positions = tracked_positions  # heads of each queue whose position changes are reported
         self.cluster = ClusterState()
         self.quotas = QuotaBook()
         self.ledger = Ledger(self.cluster, self.quotas)
@@ -396,7 +399,7 @@ class Scheduler:
                 else:
                     self.filters.pop(task.key, None)
                 last = self.reasons.get(task.key)
-                moved = last is not None and last[2] != position and position < TRACKED_POSITIONS
+                moved = last is not None and last[2] != position and position < self.tracked_positions
                 if last is None or last[:2] != (decision.reason, decision.message) or moved:
                     self.reasons[task.key] = (decision.reason, decision.message, position)
                     decisions.append(replace(decision, position=position))

@@ -144,6 +144,7 @@ class Controller:
             policy=make_policy(self.config.policy),
             node_failure_grace_s=self.config.node_failure_grace_period_s,
             preemption_strategies=self.config.fair_sharing.preemption_strategies,
+            tracked_positions=self.config.queue_positions_tracked,
         )
         self.inventory = Inventory(self.scheduler, self.config, self.foreign)
         self.local_queues = LocalQueues()

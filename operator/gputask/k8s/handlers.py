@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 
 from gputask.config import Config
+from gputask.core.model import task_key
 from gputask.k8s.client import (
     GPUCLUSTERQUEUES,
     GPULOCALQUEUES,
@@ -209,7 +210,7 @@ class Operator:
             else:
                 self.controller.on_task(obj)
         self.loop.wake()
-        self.kueue.wake()
+        self.kueue.note_task(task_key(obj["metadata"].get("namespace") or "default", obj["metadata"]["name"]))
 
     async def on_job(self, event: dict[str, Any], **_: Any) -> None:
         """One of our Jobs changed: track running, completion and disappearance."""
@@ -223,7 +224,6 @@ class Operator:
             else:
                 self.controller.on_job(obj)
         self.loop.wake()
-        self.kueue.wake()
 
     async def on_pod(self, event: dict[str, Any], **_: Any) -> None:
         """A foreign pod bound to a node changed: update the foreign-pod index and that node's GPUs and offer."""
@@ -260,8 +260,11 @@ class Operator:
             self.controller.on_priority_class(event["object"], kueue=kueue, deleted=event.get("type") == "DELETED")
         self.loop.wake()
 
-    def _track(self, method: str, *, timed: bool = False, on: str = "inventory") -> Handler:
-        """A handler that passes the object to ``controller.<on>.<method>`` (looked up per event)."""
+    def _track(
+        self, method: str, *, timed: bool = False, on: str = "inventory", then: Callable[[], None] | None = None
+    ) -> Handler:
+        """A handler that passes the object to ``controller.<on>.<method>`` (looked up per event), then calls
+        ``then`` (if given)."""
 
         async def handler(event: dict[str, Any], **_: Any) -> None:
             if not self.leading or self._kept(handler, event):
@@ -275,6 +278,8 @@ class Operator:
                 else:
                     call(event["object"], deleted=deleted)
             self.loop.wake()
+            if then is not None:
+                then()
 
         return handler
 
@@ -302,7 +307,7 @@ class Operator:
             (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpulocalqueues"), self._track("on_local_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpuresourceflavors"), self._track("on_flavor")),
-            (("v1", "namespaces"), self._track("on_namespace")),
+            (("v1", "namespaces"), self._track("on_namespace", then=lambda: self.kueue.note_everyone())),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)
 

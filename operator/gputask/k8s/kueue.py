@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from gputask.core import InvalidQueueError, LabelRequirement, LabelSelector
+from gputask.core import InvalidQueueError, LabelRequirement, LabelSelector, TaskKey
 from gputask.k8s.background import Background
 from gputask.k8s.client import CONFIGMAPS, LOCALQUEUES, ApiError, KubeApi
 from gputask.k8s.controller import Controller
@@ -153,6 +153,9 @@ class KueueSupport:
         self._read_at = float("-inf")
         self._background = Background("kueue", self.sync, lambda: self.controller.config.cycle_interval_s)
         self._lock = asyncio.Lock()
+        # gputask mode reports per task only what changed (no pass over every task per wake, issue 17):
+        self._due: set[TaskKey] = set()  # tasks whose KueueConflict condition may have to change
+        self._everyone = True  # the detector changed (or a rebuild): every task is due
 
     @property
     def kueue_mode(self) -> bool:
@@ -166,6 +169,7 @@ class KueueSupport:
             await self.admission.rebuild(workloads)
         else:
             await self.refresh()
+            self._everyone, self._due = True, set()
 
     def start(self) -> None:
         """Start the loop (idempotent)."""
@@ -180,21 +184,48 @@ class KueueSupport:
         self._background.wake()
 
     async def sync(self) -> None:
-        """One pass: Kueue mode answers admission checks; gputask mode reports conflicts."""
+        """One pass: Kueue mode answers admission checks; gputask mode reports conflicts for the tasks that are
+        due (new or changed tasks, Jobs Kueue suspended or released; every task after the detector changed)."""
         async with self._lock:
             if self.kueue_mode:
                 await self.admission.sync()
                 return
             if time.monotonic() - self._read_at > REFRESH_S:
+                before = self._detected()
                 await self.refresh()
-            for record in list(self.controller.tasks.values()):
+                self._everyone = self._everyone or self._detected() != before
+            tasks = self.controller.tasks
+            if self._everyone:
+                due, self._everyone, self._due = list(tasks.values()), False, set()
+            else:
+                keys, self._due = self._due, set()
+                due = [tasks[k] for k in sorted(keys) if k in tasks]
+            for record in due:
                 await self.report(record)
+
+    def _detected(self) -> tuple[object, ...]:
+        """What a conflict depends on besides the task: Kueue present, its LocalQueues, its configuration."""
+        detector = self.detector
+        queues = tuple(sorted((ns, tuple(sorted(names))) for ns, names in detector.local_queues.items()))
+        return detector.present, queues, detector.config
+
+    def note_task(self, key: TaskKey) -> None:
+        """A task was added or changed: its condition is due (no pass over the others)."""
+        self._due.add(key)
+        self.wake()
+
+    def note_everyone(self) -> None:
+        """Something every task's condition depends on changed (a namespace's labels): all are due."""
+        self._everyone = True
+        self.wake()
 
     # -- events -------------------------------------------------------------------------------
     def on_local_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
-        """A LocalQueue changed."""
+        """A LocalQueue changed: every task's condition may change."""
+        before = self._detected()
         self.detector.on_local_queue(obj, deleted)
-        self.wake()
+        if self._detected() != before:
+            self.note_everyone()
 
     def on_job(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
         """One of our Jobs changed: remember whether Kueue holds it suspended (gputask mode)."""
@@ -204,7 +235,9 @@ class KueueSupport:
         message = None if deleted else suspended_by_kueue(obj)
         if message != self.suspended.get(uid):
             self.suspended.pop(uid, None) if message is None else self.suspended.__setitem__(uid, message)
-            self.wake()
+            record = self.controller.record_by_uid(uid)
+            if record is not None:
+                self.note_task(record.key)
 
     # -- detection ----------------------------------------------------------------------------
     async def refresh(self) -> None:

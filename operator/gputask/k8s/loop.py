@@ -22,6 +22,10 @@ from gputask.k8s.executor import Executor
 
 log = logging.getLogger("gputask.loop")
 
+METRICS_EVERY_S = 1.0
+"""The gauges that read every waiting task's reason (per filter, active and inadmissible) are set at most this
+often; the others after every pass."""
+
 
 class SchedulingLoop:
     """Owns the cycle task; one per operator instance."""
@@ -31,6 +35,7 @@ class SchedulingLoop:
         self.executor = executor
         self.gate = gate or asyncio.Lock()
         self.cycles = 0
+        self._metrics_at = float("-inf")
         self._running = asyncio.Lock()
         self._background = Background("scheduling-loop", self.run_once, lambda: self.controller.config.cycle_interval_s)
 
@@ -73,5 +78,8 @@ class SchedulingLoop:
             await executor.keep_queue_finalizers()
             await executor.report_queues()
             await executor.report_gpunodes()
-            executor.metrics.refresh(controller.scheduler)
+            waiting = time.monotonic() - self._metrics_at >= METRICS_EVERY_S  # these read every waiting task
+            if waiting:
+                self._metrics_at = time.monotonic()
+            executor.metrics.refresh(controller.scheduler, waiting=waiting)
             return len(decisions)
