@@ -9,7 +9,8 @@ Two measurements, each in this one process (no pool), written to ``bench/results
    50,000 pending tasks (whole GPUs 1/2/4/8, memory and fraction shares, some restricted to a
    product) in four GPUClusterQueues of one cohort with nominal quotas, scheduled by the full
    ``Scheduler.cycle`` (queue order, quota, placement, preemption planning when nothing fits)
-   until a cycle admits nothing more; admissions per second over the cycles' wall time.
+   until a cycle admits nothing more; admissions per second over the cycles' wall time. Then what a later
+   cycle costs with that backlog: with nothing new, and with 100 new tasks (``laterCycleMs``).
 3. **syntheticFlavors**: part 2 with the quota split into one ResourceFlavor per product (the default
    policy only): what trying a task in each flavor in turn costs.
 
@@ -157,6 +158,14 @@ def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7, *, flavo
         print(f"speed: {what} cycle {len(cycles)}: {new} admitted in {elapsed:.2f} s", file=sys.stderr)
         if not new or len(cycles) >= 5:
             break
+    started = time.perf_counter()
+    scheduler.cycle(float(len(cycles) + 1))  # nothing changed: what a later cycle costs with this backlog
+    quiet_s = time.perf_counter() - started
+    for i in range(tasks, tasks + 100):
+        scheduler.submit(synthetic_task(i, rng, queues))
+    started = time.perf_counter()
+    scheduler.cycle(float(len(cycles) + 2))  # 100 new tasks behind the backlog
+    hundred_s = time.perf_counter() - started
     return {
         "nodes": nodes,
         "gpus": gpus,
@@ -170,6 +179,7 @@ def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7, *, flavo
         "seconds": round(cycle_seconds, 3),
         "placementsPerSecond": round(admitted / cycle_seconds, 1),
         "decisionsPerSecond": round(sum(c["decisions"] for c in cycles) / cycle_seconds, 1),
+        "laterCycleMs": {"nothingNew": round(1000 * quiet_s, 1), "hundredNewTasks": round(1000 * hundred_s, 1)},
         "peakRssMiB": round(peak_rss_mib(), 1),
     }
 

@@ -1,0 +1,295 @@
+"""A burst of GPUTasks against the real operator, each component in its own process: does the operator keep
+pace with what the API server accepts?
+
+Usage::
+
+    python bench/e2e_burst.py [--tasks 2000] [--nodes 100] [--clients 8] [--out bench/results/e2e_burst.json]
+
+Three processes, as in a cluster: the API emulator (``gputask.testing.EmulatorServer``, serving over
+loopback HTTP with its request records bounded, so each request costs the same however many came before),
+the operator (``gputask run --kubeconfig ...``, its own interpreter) and this driver. The driver seeds
+``--nodes`` GPU nodes of 8 x 80Gi and one queue with room for every task, waits until the operator has
+written the queue's status (it leads), then creates ``--tasks`` GPUTasks (``gpuFraction: 0.25``, so GPUs
+suffice) from ``--clients`` threads as fast as the API answers, while a watch on Jobs records when each
+task's Job appears.
+
+Reports: the API's accept rate (creates / time from the first create sent to the last answered), the
+operator's Jobs/s (Jobs / time from the first create sent to the last Job seen), their ratio, the
+admission latency (a task's create answered to its Job seen) p50 and p99, and the CPU seconds each process
+used during the burst. Everything shares this machine's cores, so CPU figures say who spends what.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """The ``pct`` percentile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (from /proc; children not included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve_emulator(port: int, kubeconfig: Path) -> None:
+    """Run the emulator with the CRDs until SIGTERM (the ``--serve`` mode of this script)."""
+    from gputask.testing import EmulatorServer
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        async with EmulatorServer(port=port, keep_alive=True) as server:  # as kube-apiserver (HTTP keep-alive)
+            server.install_crds_from(REPO / "crds")
+            server.write_kubeconfig(kubeconfig)
+            print("ready", flush=True)
+            await stop.wait()
+            counts: dict[str, int] = {}
+            for answer in server.emulator.answers:  # the writes (bounded deque): what the operator sent, by kind
+                parts = answer.path.split("?")[0].strip("/").split("/")
+                kind = "/".join(p for p in parts[-3:] if p not in ("default", "namespaces"))
+                key = f"{answer.method} {re.sub(r'/t[0-9]{5}(-[0-9]+)?', '/*', kind)} {answer.status}"
+                counts[key] = counts.get(key, 0) + 1
+            Path(str(kubeconfig) + ".writes.json").write_text(json.dumps(counts, indent=1, sort_keys=True))
+
+    asyncio.run(main())
+
+
+def gpunode(name: str, gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Node and its GPUNode (status as the agent writes it, heartbeat now)."""
+    from gputask.k8s.writer import now_rfc3339
+
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+    status = {"gpus": [{"index": i, "uuid": f"GPU-{name}-{i}", "product": "NVIDIA-A100-SXM4-80GB", "memory": "80Gi",
+                        "memoryUsed": "0", "healthy": True} for i in range(gpus)], "heartbeatTime": now_rfc3339()}
+    return node, status
+
+
+def seed(api: Any, nodes: int, tasks: int) -> None:
+    """Nodes, GPUNodes, a GPUClusterQueue with room for every task and its GPULocalQueue."""
+    from kubernetes import client as k8s
+
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    for n in range(nodes):
+        node, status = gpunode(f"node-{n:04d}", 8)
+        core.create_node(node)
+        core.patch_node_status(node["metadata"]["name"], {"status": {"conditions": [{"type": "Ready",
+                                                                                     "status": "True"}]}})
+        custom.create_cluster_custom_object("gputask.io", "v1alpha1", "gpunodes", {
+            "apiVersion": "gputask.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": node["metadata"]["name"]}})
+        custom.patch_cluster_custom_object_status("gputask.io", "v1alpha1", "gpunodes", node["metadata"]["name"],
+                                                  {"status": status})
+    custom.create_cluster_custom_object("gputask.io", "v1alpha1", "gpuclusterqueues", {
+        "apiVersion": "gputask.io/v1alpha1", "kind": "GPUClusterQueue", "metadata": {"name": "burst"},
+        "spec": {"namespaceSelector": {}, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": tasks}]}})
+    custom.create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gpulocalqueues", {
+        "apiVersion": "gputask.io/v1alpha1", "kind": "GPULocalQueue", "metadata": {"name": "burst"},
+        "spec": {"clusterQueue": "burst"}})
+
+
+def wait_leading(api: Any, timeout_s: float = 120.0) -> None:
+    """Until the operator has written the queue's status (it has rebuilt and leads)."""
+    from kubernetes import client as k8s
+
+    custom = k8s.CustomObjectsApi(api)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        queue = custom.get_cluster_custom_object("gputask.io", "v1alpha1", "gpuclusterqueues", "burst")
+        if (queue.get("status") or {}).get("conditions"):
+            return
+        time.sleep(0.2)
+    raise SystemExit("e2e_burst: the operator wrote no queue status within 120 s")
+
+
+def task_body(name: str) -> dict[str, Any]:
+    """A quarter-GPU GPUTask in the burst queue."""
+    return {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUTask", "metadata": {"name": name},
+            "spec": {"queueName": "burst", "gpus": 1, "gpuFraction": "0.25",
+                     "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}}}
+
+
+def watch_jobs(api: Any, seen: dict[str, float], stop: threading.Event) -> None:
+    """Record when each task's Job is first seen (a watch on Jobs in default), until ``stop``."""
+    from kubernetes import client as k8s
+    from kubernetes import watch
+
+    batch = k8s.BatchV1Api(api)
+    version = batch.list_namespaced_job("default").metadata.resource_version
+    while not stop.is_set():
+        stream = watch.Watch()
+        for event in stream.stream(batch.list_namespaced_job, "default", resource_version=version,
+                                   timeout_seconds=2, _request_timeout=5):
+            obj = event["object"]
+            version = obj.metadata.resource_version
+            task = (obj.metadata.labels or {}).get("gputask.io/task", "")
+            name = task.rsplit("/", 1)[-1] if "/" in task else task
+            if event["type"] == "ADDED" and name and name not in seen:
+                seen[name] = time.monotonic()
+            if stop.is_set():
+                stream.stop()
+
+
+def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[str, Any]:
+    """Create the tasks from ``clients`` threads; return timings."""
+    from kubernetes import client as k8s
+
+    from gputask.k8s.client import load_api_client
+
+    apis = [load_api_client(str(kubeconfig), user_agent="e2e-burst", pool_size=2) for _ in range(clients)]
+    answered: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_jobs, args=(load_api_client(str(kubeconfig)), seen, stop), daemon=True)
+    watcher.start()
+    time.sleep(0.5)
+
+    def create(i: int) -> None:
+        name = f"t{i:05d}"
+        custom = k8s.CustomObjectsApi(apis[i % clients])
+        custom.create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gputasks", task_body(name))
+        answered[name] = time.monotonic()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(create, range(tasks)))
+    accepted = time.monotonic()
+    deadline = accepted + timeout_s
+    while len(seen) < tasks and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    last = max(seen.values(), default=time.monotonic())
+    latencies = [seen[n] - answered[n] for n in seen if n in answered]
+    accept_rate = tasks / (accepted - started)
+    jobs_rate = len(seen) / (last - started) if seen else 0.0
+    return {
+        "acceptedPerSecond": round(accept_rate, 1),
+        "jobsSeen": len(seen),
+        "jobsPerSecond": round(jobs_rate, 1),
+        "ratio": round(jobs_rate / accept_rate, 3),
+        "latencyP50S": round(percentile(latencies, 50), 3) if latencies else None,
+        "latencyP99S": round(percentile(latencies, 99), 3) if latencies else None,
+        "burstSeconds": round(last - started, 2),
+        "createSeconds": round(accepted - started, 2),
+    }
+
+
+def restart_figures(api: Any, pid: int, started: float, count: int) -> dict[str, Any]:
+    """After a restart with ``count`` admitted tasks in the cluster: seconds from the new operator's start until a
+    task created then gets its Job, and the operator's resident memory (MiB) at that point."""
+    from kubernetes import client as k8s
+
+    custom, batch = k8s.CustomObjectsApi(api), k8s.BatchV1Api(api)
+    custom.create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gputasks", task_body("after"))
+    deadline = started + 600
+    while time.monotonic() < deadline:
+        if batch.list_namespaced_job("default", label_selector="gputask.io/task=after").items:
+            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+            return {"tasksInCluster": count + 1, "secondsToNewJob": round(time.monotonic() - started, 2),
+                    "operatorRssMiB": round(rss)}
+        time.sleep(0.25)
+    return {"tasksInCluster": count + 1, "secondsToNewJob": None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the processes, run the burst, print and write the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the Jobs after the burst")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "e2e_burst.json")
+    parser.add_argument("--config-text", default="cycleInterval: 0.5\n", help="the operator's configuration (YAML)")
+    parser.add_argument("--restart", action="store_true", help="then restart the operator and time a new admission")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy both processes into this folder")
+    parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # the emulator process
+    parser.add_argument("--kubeconfig", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve_emulator(args.serve, args.kubeconfig)
+        return 0
+    from gputask.k8s.client import load_api_client
+
+    work = Path(tempfile.mkdtemp(prefix="gputask-burst-"))
+    kubeconfig = work / "kubeconfig"
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    emulator = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--kubeconfig", str(kubeconfig)],
+                                stdout=subprocess.PIPE, text=True)
+    operator = None
+    try:
+        assert emulator.stdout is not None
+        if emulator.stdout.readline().strip() != "ready":
+            raise SystemExit("e2e_burst: the emulator did not start")
+        api = load_api_client(str(kubeconfig))
+        seed(api, args.nodes, args.tasks)
+        (work / "config.yaml").write_text(args.config_text)
+        log = (work / "operator.log").open("w")
+        operator = subprocess.Popen([sys.executable, "-m", "gputask.cli", "run", "--kubeconfig", str(kubeconfig),
+                                     "--config", str(work / "config.yaml")], stdout=log, stderr=subprocess.STDOUT)
+        wait_leading(api)
+        spies = []
+        if args.profile is not None:  # py-spy on the emulator and the operator for the burst
+            args.profile.mkdir(parents=True, exist_ok=True)
+            for name, proc in (("emulator", emulator), ("operator", operator)):
+                spies.append(subprocess.Popen(
+                    [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format",
+                     "raw", "--output", str(args.profile / f"{name}.txt"), "--rate", "100", "--gil"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(1.0)
+        cpu = {"emulator": cpu_seconds(emulator.pid), "operator": cpu_seconds(operator.pid),
+               "driver": time.process_time()}
+        figures = burst(kubeconfig, args.tasks, args.clients, args.timeout)
+        used = {"emulator": cpu_seconds(emulator.pid) - cpu["emulator"],
+                "operator": cpu_seconds(operator.pid) - cpu["operator"], "driver": time.process_time() - cpu["driver"]}
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=30)
+        if args.restart:
+            operator.terminate()
+            operator.wait(timeout=30)
+            started = time.monotonic()
+            operator = subprocess.Popen([sys.executable, "-m", "gputask.cli", "run", "--kubeconfig", str(kubeconfig),
+                                         "--config", str(work / "config.yaml")], stdout=log, stderr=subprocess.STDOUT)
+            figures["restart"] = restart_figures(api, operator.pid, started, args.tasks)
+    finally:
+        for proc in (operator, emulator):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    writes_file = Path(str(kubeconfig) + ".writes.json")
+    writes = json.loads(writes_file.read_text()) if writes_file.is_file() else {}
+    result = {"tasks": args.tasks, "nodes": args.nodes, "clients": args.clients, **figures, "writes": writes,
+              "cpuSeconds": {k: round(v, 1) for k, v in used.items()}, "operatorLog": str(work / "operator.log")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0 if figures["jobsSeen"] == args.tasks else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
