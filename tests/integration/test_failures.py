@@ -287,3 +287,28 @@ async def test_a_queue_with_admitted_tasks_is_deleted_only_once_they_finish(clus
 
         assert await eventually(gone)
         assert (await status_of(cluster, "running"))["phase"] == "Succeeded"
+
+
+async def test_a_restart_rewrites_no_status_that_already_says_the_same(cluster: Cluster) -> None:
+    """After a restart the first cycle decides the same waits again; statuses that already say so are not
+    written again (with tens of thousands waiting, those writes held up new admissions for minutes)."""
+    await cluster.add_node("node-a", ("GPU-0", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    async with running_operator(cluster):
+        await cluster.submit(gputask("big", gpuMemory="20Gi"))
+        await eventually(lambda: _has_job(cluster, "big-1"))
+        for name in ("w1", "w2"):
+            await cluster.submit(gputask(name, gpuMemory="20Gi"))
+
+        async def waiting() -> bool:
+            reasons = [(condition(await status_of(cluster, n), "Admitted") or ("", ""))[1] for n in ("w1", "w2")]
+            return reasons == ["NoFit", "NoFit"]
+
+        await eventually(waiting)
+    before = [a for a in cluster.server.emulator.answers if "/gputasks/w" in a.path]
+    async with running_operator(cluster) as again:
+        await cluster.submit(gputask("probe", gpuMemory="1Gi"))
+        await eventually(lambda: _has_job(cluster, "probe-1"))
+        skipped = again.executor.transitions.skipped
+    after = [a for a in cluster.server.emulator.answers if "/gputasks/w" in a.path]
+    assert (len(after) - len(before), skipped >= 2) == (0, True)

@@ -171,6 +171,7 @@ class Transitions:
     def __init__(self, writer: Writer) -> None:
         self.writer = writer
         self.conflicts = 0  # status writes answered 409, retried after a fresh read
+        self.skipped = 0  # status writes left out: the stored status already said the same
         self.unwritten: dict[TaskKey, Unwritten] = {}  # refused status writes, tried again by retry()
 
     # -- transitions -------------------------------------------------------------------------------
@@ -289,6 +290,9 @@ class Transitions:
         """
         pending = self.unwritten.pop(record.key, None)
         events = [*(pending.events if pending else ()), *([event] if event else [])]
+        if not events and _same_status(record.obj.get("status"), self.status_of(record, message)):
+            self.skipped += 1  # the stored status says it already (a restart's first cycle, mostly)
+            return
         outcome = await self.write_status(record, message)
         if outcome == WRITTEN:
             for each in events:
@@ -349,6 +353,14 @@ class Transitions:
         # Only the resourceVersion: the spec and labels change through the watch, which compares them.
         record.obj["metadata"]["resourceVersion"] = fresh["metadata"].get("resourceVersion")
         return WRITTEN
+
+
+def _same_status(stored: Any, wanted: Mapping[str, Any]) -> bool:
+    """True when ``stored`` (a task's status as last read or written) already holds every field of ``wanted``
+    (a field ``wanted`` sets to None must be absent or None there)."""
+    if not isinstance(stored, Mapping):
+        return False
+    return all(stored.get(k) == v for k, v in wanted.items())
 
 
 def status_behind(record: TaskRecord) -> bool:
