@@ -694,3 +694,19 @@ def test_the_license_file_is_the_license_pyproject_declares() -> None:
     assert (declared, text.split()[:4], "END OF TERMS AND CONDITIONS" in text, license_annotation) == (
         "Apache-2.0", ["Apache", "License", "Version", "2.0,"], True, "Apache-2.0",
     )
+
+
+def test_agent_uses_the_gpu_operators_runtime_class_by_default_and_notes_warn_when_it_is_missing(helm: str) -> None:
+    """By default the agent pod runs with RuntimeClass nvidia (the GPU Operator's) and asks it for every GPU;
+    with fake GPUs it needs none; an install that cannot find the RuntimeClass says what to set in its NOTES."""
+    pod = find(helmtool.render(helm), "DaemonSet", "gputask-agent")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    fake = find(helmtool.render(helm, sets=["agent.fakeGpus=1x8Gi"]), "DaemonSet", "gputask-agent")
+    fake_env = {e["name"] for e in fake["spec"]["template"]["spec"]["containers"][0]["env"]}
+    args = ["install", "gputask", str(CHART), "--dry-run=client", "--namespace", "gputask-system"]
+    notes = helmtool.helm_run(helm, *args).stdout.partition("NOTES:")[2]
+    quiet = helmtool.helm_run(helm, *args, "--set", "agent.runtimeClassName=").stdout.partition("NOTES:")[2]
+    assert (pod.get("runtimeClassName"), env.get("NVIDIA_VISIBLE_DEVICES"),
+            fake["spec"]["template"]["spec"].get("runtimeClassName"), "NVIDIA_VISIBLE_DEVICES" in fake_env,
+            'RuntimeClass "nvidia" was not found' in notes, "--set agent.runtimeClassName=<name>" in notes,
+            "RuntimeClass" in quiet) == ("nvidia", "all", None, False, True, True, False)

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from gputask.agent import GpuReading, NodeReading, ProbeUnavailable
 from gputask.agent.metrics import AgentMetrics, start_http
+from gputask.agent.probe import NVML_HINT
 from gputask.cli import app
 
 READING = NodeReading(
@@ -126,20 +127,22 @@ def test_agent_command_rejects_bad_input_with_exit_2(
     assert (result.exit_code, result.stderr.startswith(message)) == (2, True)
 
 
-def test_agent_command_without_nvml_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without --fake-gpus and without a working NVML, the agent exits 2 saying NVML could not start."""
+def test_agent_command_without_nvml_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without --fake-gpus and without a working NVML, the agent exits 2 saying NVML could not start, and leaves
+    the same line as its container's termination message (what kubectl describe pod shows)."""
 
     class NoNvml:
         def open(self) -> None:
-            raise ProbeUnavailable("NVML could not initialise: Driver Not Loaded (is the NVIDIA driver installed?)")
+            raise ProbeUnavailable(f"NVML could not initialise: Driver Not Loaded. {NVML_HINT}")
 
+    log = tmp_path / "termination-log"
+    log.write_text("")
     monkeypatch.setattr("gputask.agent.main.NvmlProbe", NoNvml)
     monkeypatch.setenv("NODE_NAME", "n1")
+    monkeypatch.setenv("TERMINATION_LOG", str(log))
     result = CliRunner().invoke(app, ["agent"])
-    assert (result.exit_code, result.stderr) == (
-        2,
-        "gputask agent: NVML could not initialise: Driver Not Loaded (is the NVIDIA driver installed?)\n",
-    )
+    line = f"gputask agent: NVML could not initialise: Driver Not Loaded. {NVML_HINT}"
+    assert (result.exit_code, result.stderr, log.read_text()) == (2, line + "\n", line)
 
 
 def test_run_command_refuses_a_liveness_value_that_is_not_a_url() -> None:

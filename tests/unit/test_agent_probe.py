@@ -25,7 +25,7 @@ from gputask.agent import (
     parse_fake_spec,
 )
 from gputask.agent.fake import FakeGpu
-from gputask.agent.probe import cuda_version_text, product_name
+from gputask.agent.probe import NVML_HINT, cuda_version_text, product_name
 
 REPO = Path(__file__).resolve().parents[2]
 pynvml = pytest.importorskip("pynvml")  # only for its real error classes and constants
@@ -354,7 +354,8 @@ def test_nvml_init_failure_is_probe_unavailable() -> None:
     nvml = FakeNvml([], errors={"nvmlInit": nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)})
     with pytest.raises(ProbeUnavailable) as info:
         NvmlProbe(nvml=nvml).open()
-    assert str(info.value) == "NVML could not initialise: Driver Not Loaded (is the NVIDIA driver installed?)"
+    assert str(info.value) == f"NVML could not initialise: Driver Not Loaded. {NVML_HINT}"
+    assert "agent.runtimeClassName" in NVML_HINT  # the setting to change, in a pod
 
 
 def test_nvml_device_count_failure_is_a_probe_error() -> None:

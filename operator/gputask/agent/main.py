@@ -30,6 +30,25 @@ class UsageError(Exception):
     """A command-line value is missing or malformed."""
 
 
+TERMINATION_LOG = "/dev/termination-log"
+"""Where Kubernetes reads a container's termination message (``terminationMessagePath``'s default), shown by
+``kubectl describe pod`` and in the pod's status."""
+
+
+def termination_message(text: str, path: str | None = None) -> bool:
+    """Write ``text`` as the container's termination message when running in a pod (the file exists); True if
+    written. ``path`` defaults to $TERMINATION_LOG, else :data:`TERMINATION_LOG`."""
+    target = path or os.environ.get("TERMINATION_LOG") or TERMINATION_LOG
+    if not os.path.exists(target):
+        return False
+    try:
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(text[:4096])  # the kubelet keeps at most 4096 bytes
+    except OSError:
+        return False
+    return True
+
+
 def build_probe(node_name: str, fake_gpus: str | None) -> GpuProbe:
     """FakeProbe for a spec, else an opened NvmlProbe; AgentError when neither can start."""
     if fake_gpus:
@@ -70,6 +89,7 @@ def cli_agent(
         probe = build_probe(node, fake_gpus)
     except (UsageError, AgentError) as exc:
         print(f"gputask agent: {exc}", file=sys.stderr)
+        termination_message(f"gputask agent: {exc}")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -99,6 +99,15 @@ class _Known:
     memory_total_mib: int
 
 
+NVML_HINT = (
+    "In a pod the agent reaches NVML through the NVIDIA container runtime: the chart's agent.runtimeClassName "
+    "(default nvidia, the RuntimeClass of the NVIDIA GPU Operator) must name a RuntimeClass of that runtime on "
+    "this node (kubectl get runtimeclass), or be empty where it is containerd's default; on a host, check that "
+    "nvidia-smi works"
+)
+"""What to check when NVML cannot start: the setting to change, not only the driver."""
+
+
 class NvmlProbe:
     """Reads devices through NVML; ``nvml`` replaces the ``pynvml`` module (tests inject a fake).
 
@@ -125,7 +134,7 @@ class NvmlProbe:
             try:
                 nvml.nvmlInit()
             except nvml.NVMLError as exc:
-                raise ProbeUnavailable(f"NVML could not initialise: {exc} (is the NVIDIA driver installed?)") from None
+                raise ProbeUnavailable(f"NVML could not initialise: {exc}. {NVML_HINT}") from None
             self._opened = True
             self._register_events(nvml)
 
