@@ -114,7 +114,7 @@ def get_tasks(
     output: Output = "table",
     config: OperatorConfig = None,
 ) -> None:
-    """GPUTasks: queue, phase, position in its queue (0 = head), node, GPUs, MiB per GPU, reason, age."""
+    """GPUTasks: queue, phase, position in its queue (0 = head), node, GPUs, memory per GPU, reason, age."""
     from gputask.live import TASK_COLUMNS, TASK_HEADERS, task_rows
 
     ns = _namespace(kubeconfig, context, namespace, all_namespaces)

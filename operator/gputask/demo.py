@@ -31,8 +31,10 @@ from gputask.k8s.client import (
     JOBS,
     NAMESPACES,
     NODES,
+    PODS,
     PRIORITYCLASSES,
     AlreadyExists,
+    ApiError,
     KubeClient,
     Resource,
     load_api_client,
@@ -95,6 +97,46 @@ async def keep_heartbeats(client: KubeClient, names: list[str], interval_s: floa
         await asyncio.sleep(interval_s)
         for name in names:
             await client.patch(GPUNODES, name, {"status": {"heartbeatTime": now_rfc3339()}}, status=True)
+
+
+async def run_pods(client: KubeClient, interval_s: float = 1.0) -> None:
+    """Stand in for the Job controller and the kubelet, until cancelled: each pinned Job gets one pod, bound to
+    its placement's node and Running (the emulator runs no pods; without them every task would be evicted as
+    PodsNotStarting after podStartTimeout). A deleted Job's pod goes with it (ownerReference, garbage
+    collection)."""
+    while True:
+        try:
+            jobs = await client.list(JOBS, labels="gputask.io/task")
+            pods = {(p["metadata"].get("namespace"), p["metadata"]["name"])
+                    for p in await client.list(PODS, labels="gputask.io/task")}
+            for job in jobs:
+                meta = job["metadata"]
+                namespace, name = meta.get("namespace") or "default", f"{meta['name']}-pod"
+                if meta.get("deletionTimestamp") or (namespace, name) in pods:
+                    continue
+                await client.create(PODS, demo_pod(job, name), namespace)
+                await client.patch(PODS, name, {"status": {"phase": "Running", "conditions": [
+                    {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}},
+                    namespace, status=True)
+        except (ApiError, KeyError) as exc:  # a Job deleted meanwhile, the emulator stopping: next round
+            if isinstance(exc, ApiError) and exc.status not in (404, 409):
+                raise
+        await asyncio.sleep(interval_s)
+
+
+def demo_pod(job: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The pod a Job's controller would create for it, bound to the node of the Job's placement."""
+    meta, template = job["metadata"], job["spec"]["template"]
+    placement = parse_placement((meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION))
+    labels = {**(template.get("metadata") or {}).get("labels", {}), "job-name": meta["name"],
+              "batch.kubernetes.io/job-name": meta["name"]}
+    spec = dict(template["spec"])
+    if placement is not None:
+        spec["nodeName"] = placement.node
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"], "controller": True,
+             "blockOwnerDeletion": True}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]}, "spec": spec}
 
 
 async def wait_for_jobs(client: KubeClient, timeout_s: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -168,6 +210,7 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
         runner = asyncio.create_task(run_operator(operator, stop_flag=stop))
         gpunodes = [o["metadata"]["name"] for o in manifests if o.get("kind") == "GPUNode"]
         heartbeats = asyncio.create_task(keep_heartbeats(client, gpunodes))
+        kubelet = asyncio.create_task(run_pods(client))
         console.print(f"applied {', '.join(p.name for p in examples)}")
         tasks, jobs = await wait_for_jobs(client, timeout_s)
         console.print(jobs_table(tasks, jobs))
@@ -185,6 +228,7 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
             with contextlib.suppress(asyncio.CancelledError):
                 await runner  # kopf owns SIGINT/SIGTERM: it returns when one arrives
         heartbeats.cancel()
+        kubelet.cancel()
         stop.set()
         with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
             await asyncio.wait_for(runner, timeout=10)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
 import pytest
 
-from gputask.demo import run_demo
+from gputask.config import Config
+from gputask.demo import run_demo, run_pods
+from gputask.k8s.client import PODS
+from harness import Cluster, eventually, gputask, running_operator
 
 
 async def test_demo_places_the_examples_alike_on_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,3 +28,26 @@ async def test_demo_places_the_examples_alike_on_every_run(tmp_path: Path, capsy
         ("default/infer-whole", "node-a", "GPU-3f6c1a2e-8b4d-4e1f-9a7c-2d5e6f7a8b90", "16384", "infer-whole-1"),
         ("default/train-small", "node-b", "GPU-c0ffee00-1234-4abc-9def-0123456789ab", "12288", "train-small-1"),
     ]
+
+
+async def test_the_demo_runs_each_jobs_pod_so_tasks_run_and_stay(cluster: Cluster) -> None:
+    """The demo stands in for the Job controller and kubelet: each pinned Job gets a Running pod on its node, so
+    the task goes Running and is not evicted as PodsNotStarting (a trial saw every demo task evicted after 2 min)."""
+    await cluster.add_node("node-a", ("GPU-a", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    kubelet = asyncio.create_task(run_pods(cluster.client, interval_s=0.1))
+    try:
+        async with running_operator(cluster, Config(cycleInterval=0.2, podStartTimeout=2)):
+            await cluster.submit(gputask("t", gpuMemory="8Gi"))
+
+            async def running() -> bool:
+                return ((await cluster.task("t")).get("status") or {}).get("phase") == "Running"
+
+            assert await eventually(running)
+            await asyncio.sleep(3)  # past podStartTimeout
+            status = (await cluster.task("t"))["status"]
+            pod = (await cluster.client.list(PODS, "default"))[0]
+        assert (status["phase"], status["attempt"], pod["spec"]["nodeName"], pod["status"]["phase"]) == (
+            "Running", 1, "node-a", "Running")
+    finally:
+        kubelet.cancel()

@@ -248,7 +248,10 @@ def render_table(summary: dict[str, Any], seeds: Sequence[int]) -> Any:
         "refused feasible",
         "paper",
     ):
-        table.add_column(header, justify="left" if header == "policy" else "right")
+        if header == "policy":  # never cut a policy's name (the caption refers to them): the numbers wrap first
+            table.add_column(header, justify="left", no_wrap=True, min_width=len(max(summary["policies"], key=len)))
+        else:
+            table.add_column(header, justify="right")
     fgd = (summary["fgdExpected"] or {}).get("unallocatedPctAt100", {})
     for name, body in summary["policies"].items():
         unalloc = body["unallocatedPctAt100"]
