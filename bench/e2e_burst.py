@@ -84,6 +84,36 @@ def gpunode(name: str, gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
     return node, status
 
 
+def backlog(api: Any, count: int, clients: int) -> float:
+    """``count`` waiting tasks in GPUClusterQueue ``backlog`` (no quota: they wait Inadmissible for good), created
+    from ``clients`` threads; returns the seconds it took. What a restart has to rebuild besides the admitted."""
+    from kubernetes import client as k8s
+
+    from gputask.k8s.client import load_api_client
+
+    if not count:
+        return 0.0
+    custom = k8s.CustomObjectsApi(api)
+    custom.create_cluster_custom_object("gputask.io", "v1alpha1", "gpuclusterqueues", {
+        "apiVersion": "gputask.io/v1alpha1", "kind": "GPUClusterQueue", "metadata": {"name": "backlog"},
+        "spec": {"namespaceSelector": {}, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 0}]}})
+    custom.create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gpulocalqueues", {
+        "apiVersion": "gputask.io/v1alpha1", "kind": "GPULocalQueue", "metadata": {"name": "backlog"},
+        "spec": {"clusterQueue": "backlog"}})
+    apis = [k8s.CustomObjectsApi(load_api_client(api.configuration_file, pool_size=2)) for _ in range(clients)] if (
+        hasattr(api, "configuration_file")) else [custom] * clients
+
+    def create(i: int) -> None:
+        body = task_body(f"b{i:06d}")
+        body["spec"]["queueName"] = "backlog"
+        apis[i % clients].create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gputasks", body)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(create, range(count)))
+    return time.monotonic() - started
+
+
 def seed(api: Any, nodes: int, tasks: int) -> None:
     """Nodes, GPUNodes, a GPUClusterQueue with room for every task and its GPULocalQueue."""
     from kubernetes import client as k8s
@@ -131,21 +161,31 @@ def watch_jobs(api: Any, seen: dict[str, float], stop: threading.Event) -> None:
     """Record when each task's Job is first seen (a watch on Jobs in default), until ``stop``."""
     from kubernetes import client as k8s
     from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
 
     batch = k8s.BatchV1Api(api)
     version = batch.list_namespaced_job("default").metadata.resource_version
     while not stop.is_set():
         stream = watch.Watch()
-        for event in stream.stream(batch.list_namespaced_job, "default", resource_version=version,
-                                   timeout_seconds=2, _request_timeout=5):
-            obj = event["object"]
-            version = obj.metadata.resource_version
-            task = (obj.metadata.labels or {}).get("gputask.io/task", "")
-            name = task.rsplit("/", 1)[-1] if "/" in task else task
-            if event["type"] == "ADDED" and name and name not in seen:
-                seen[name] = time.monotonic()
-            if stop.is_set():
-                stream.stop()
+        try:
+            for event in stream.stream(batch.list_namespaced_job, "default", resource_version=version,
+                                       timeout_seconds=2, _request_timeout=5):
+                obj = event["object"]
+                version = obj.metadata.resource_version
+                name = (obj.metadata.labels or {}).get("gputask.io/task", "")
+                if event["type"] == "ADDED" and name and name not in seen:
+                    seen[name] = time.monotonic()
+                if stop.is_set():
+                    stream.stop()
+        except ApiException as exc:  # 410: the watch fell behind the server's event log; list again
+            if exc.status != 410:
+                raise
+            listed = batch.list_namespaced_job("default")
+            version = listed.metadata.resource_version
+            for job in listed.items:
+                name = (job.metadata.labels or {}).get("gputask.io/task", "")
+                if name and name not in seen:
+                    seen[name] = time.monotonic()
 
 
 def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[str, Any]:
@@ -192,6 +232,16 @@ def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[
     }
 
 
+def settle(pid: int, idle_share: float = 0.1, quiet_s: float = 3.0, timeout_s: float = 900.0) -> None:
+    """Until process ``pid`` has used under ``idle_share`` of a core for ``quiet_s`` seconds (its work done)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        time.sleep(quiet_s)
+        if cpu_seconds(pid) - before < idle_share * quiet_s:
+            return
+
+
 def restart_figures(api: Any, pid: int, started: float, count: int) -> dict[str, Any]:
     """After a restart with ``count`` admitted tasks in the cluster: seconds from the new operator's start until a
     task created then gets its Job, and the operator's resident memory (MiB) at that point."""
@@ -218,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the Jobs after the burst")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "e2e_burst.json")
     parser.add_argument("--config-text", default="cycleInterval: 0.5\n", help="the operator's configuration (YAML)")
+    parser.add_argument("--backlog", type=int, default=0, help="waiting tasks created first (a queue with no quota)")
     parser.add_argument("--restart", action="store_true", help="then restart the operator and time a new admission")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy both processes into this folder")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # the emulator process
@@ -249,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         operator = subprocess.Popen([sys.executable, "-m", "gputask.cli", "run", "--kubeconfig", str(kubeconfig),
                                      "--config", str(work / "config.yaml")], stdout=log, stderr=subprocess.STDOUT)
         wait_leading(api)
+        backlog_s = backlog(api, args.backlog, args.clients)
         spies = []
         if args.profile is not None:  # py-spy on the emulator and the operator for the burst
             args.profile.mkdir(parents=True, exist_ok=True)
@@ -267,12 +319,13 @@ def main(argv: list[str] | None = None) -> int:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=30)
         if args.restart:
+            settle(operator.pid)  # the backlog's statuses written, as in a cluster that ran a while
             operator.terminate()
             operator.wait(timeout=30)
             started = time.monotonic()
             operator = subprocess.Popen([sys.executable, "-m", "gputask.cli", "run", "--kubeconfig", str(kubeconfig),
                                          "--config", str(work / "config.yaml")], stdout=log, stderr=subprocess.STDOUT)
-            figures["restart"] = restart_figures(api, operator.pid, started, args.tasks)
+            figures["restart"] = restart_figures(api, operator.pid, started, args.tasks + args.backlog)
     finally:
         for proc in (operator, emulator):
             if proc is not None:
@@ -283,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                     proc.kill()
     writes_file = Path(str(kubeconfig) + ".writes.json")
     writes = json.loads(writes_file.read_text()) if writes_file.is_file() else {}
-    result = {"tasks": args.tasks, "nodes": args.nodes, "clients": args.clients, **figures, "writes": writes,
+    result = {"tasks": args.tasks, "nodes": args.nodes, "clients": args.clients, "backlog": args.backlog,
+              "backlogCreateSeconds": round(backlog_s, 1), **figures, "writes": writes,
               "cpuSeconds": {k: round(v, 1) for k, v in used.items()}, "operatorLog": str(work / "operator.log")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
