@@ -68,6 +68,7 @@ SNAPSHOTS = {  # noqa: E501 (the commands' lines, verbatim)
         '\n'
         'Smallest changes that would let it in\n'
         "  - quota: GPUClusterQueue 'tight' needs 168m GPU more of nvidia.com/gpu (raise nominalQuota or borrowingLimit, or wait for its running tasks to finish)\n"
+        '  - request: gpuMemory 4079Mi or less (per GPU) fits the quota left, on node node-a\n'
     ),
     'explain mem': (
         "default/mem: Pending (NoFit: 0/2 nodes fit: 1 had untolerated taint {dedicated: infer}, 1 no GPU with 20480 MiB free (position 0 in GPUClusterQueue 'default'))\n"

@@ -113,8 +113,14 @@ def test_quota_is_judged_on_the_card_a_node_would_charge() -> None:
     assert (view.fits_now, [(n.node, n.fits, n.quota) for n in view.nodes], view.quota[0].needs,
             view.quota[0].left) == (False, [("big", False, None), ("small", True, "nvidia.com/gpu")], 334, 250)
     assert found.changes == ("quota: GPUClusterQueue 'q' needs 84m GPU more of nvidia.com/gpu (raise nominalQuota "
-                             "or borrowingLimit, or wait for its running tasks to finish)",)
+                             "or borrowingLimit, or wait for its running tasks to finish)",
+                             "request: gpuMemory 6144Mi or less (per GPU) fits the quota left, on node small")
     assert [type(d).__name__ for d in s.cycle(2.0)] == ["Pending"]  # the cycle agrees: it waits
+    s.pending.discard(TaskKey("ns/on-b"))  # as suggested: 6144Mi on the L4 charges the 250m left
+    s.submit(replace(task("on-b", created=1.0), request=replace(task("x").request, memory_mib=6144),
+                     constraints=Constraints(node_selector=(("pool", "b"),))))
+    assert [(type(d).__name__, getattr(d, "placement", None) and d.placement.node) for d in s.cycle(3.0)] == [
+        ("Admit", "small")]
 
 
 def test_a_node_side_change_says_when_quota_must_grow_too() -> None:

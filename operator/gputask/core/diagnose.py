@@ -272,7 +272,8 @@ def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
                     f"running tasks to finish){alone}"
                 )
     if fitting:
-        return out  # a node holds it now: only quota keeps it out
+        smaller = _within_quota(scheduler, task, view, where)
+        return out + ([smaller] if smaller else [])  # a node holds it now: only quota keeps it out
     states = scheduler.cluster.sorted_nodes()
     found = [*_gpu_changes(scheduler, states, task, where), *_static_changes(scheduler, states, task, where),
              *_host_changes(scheduler, states, task, where)]
@@ -285,6 +286,38 @@ def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
                      "on one node that its taints and selector allow): add such a node, or ask for fewer GPUs or "
                      "less memory per GPU")
     return out + found
+
+
+def _within_quota(scheduler: Scheduler, task: Task, view: FlavorView, where: str) -> str | None:
+    """For a memory request that fits a node but not the quota left: the largest per-GPU request that the quota
+    left allows on one of those nodes (checked by placing it there), else None."""
+    req = task.request
+    if req.memory_mib is None:
+        return None
+    best: tuple[int, str] | None = None
+    for verdict in view.nodes:
+        if not verdict.fits or verdict.quota is None:
+            continue
+        placement, _, refused = scheduler.try_place(task, NodeName(verdict.node))
+        if placement is None or refused is None:
+            continue
+        left = scheduler.quotas.available(task.queue, refused) or 0
+        state = scheduler.cluster.node(NodeName(verdict.node))
+        cards = [state.node.gpus[state.position[s.index]].memory_mib for s in placement.gpus]
+        per_gpu = left // req.count  # milli-GPU (or MiB) each GPU may charge
+        if split_key(refused)[0] == GPU:
+            mib = min(per_gpu * (task.card_mib or card) // MILLI_PER_GPU for card in cards)
+        else:
+            mib = per_gpu
+        if mib <= 0:
+            continue
+        smaller = replace(task, request=replace(req, memory_mib=mib))
+        found, _, still = scheduler.try_place(smaller, NodeName(verdict.node))
+        if found is not None and still is None and (best is None or (-mib, verdict.node) < (-best[0], best[1])):
+            best = (mib, verdict.node)
+    if best is None:
+        return None
+    return f"request: gpuMemory {best[0]}Mi or less (per GPU) fits the quota left, on node {best[1]}{where}"
 
 
 def _quota_note(scheduler: Scheduler, task: Task, node: str) -> str:
