@@ -233,7 +233,8 @@ def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[
 
 
 def settle(pid: int, idle_share: float = 0.1, quiet_s: float = 3.0, timeout_s: float = 900.0) -> None:
-    """Until process ``pid`` has used under ``idle_share`` of a core for ``quiet_s`` seconds (its work done)."""
+    """Until process ``pid`` has used under ``idle_share`` of a core for ``quiet_s`` seconds: for the emulator,
+    no more requests to serve (the backlog's statuses written, as in a cluster that ran a while)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         before = cpu_seconds(pid)
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=30)
         if args.restart:
-            settle(operator.pid)  # the backlog's statuses written, as in a cluster that ran a while
+            settle(emulator.pid)  # the operator's writes done (its loop still walks the backlog every cycle)
             operator.terminate()
             operator.wait(timeout=30)
             started = time.monotonic()
