@@ -136,6 +136,20 @@ def seed(api: Any, nodes: int, tasks: int) -> None:
         "spec": {"clusterQueue": "burst"}})
 
 
+def heartbeats(api: Any, nodes: int, stop: threading.Event, every_s: float = 30.0) -> None:
+    """Refresh every GPUNode's heartbeat, as the agents would, until ``stop`` (a long run outlives
+    heartbeatStaleAfter, and stale nodes take no work)."""
+    from kubernetes import client as k8s
+
+    from gputask.k8s.writer import now_rfc3339
+
+    custom = k8s.CustomObjectsApi(api)
+    while not stop.wait(every_s):
+        for n in range(nodes):
+            custom.patch_cluster_custom_object_status("gputask.io", "v1alpha1", "gpunodes", f"node-{n:04d}",
+                                                      {"status": {"heartbeatTime": now_rfc3339()}})
+
+
 def wait_leading(api: Any, timeout_s: float = 120.0) -> None:
     """Until the operator has written the queue's status (it has rebuilt and leads)."""
     from kubernetes import client as k8s
@@ -296,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("e2e_burst: the emulator did not start")
         api = load_api_client(str(kubeconfig))
         seed(api, args.nodes, args.tasks)
+        beating = threading.Event()
+        threading.Thread(target=heartbeats, args=(api, args.nodes, beating), daemon=True).start()
         (work / "config.yaml").write_text(args.config_text)
         log = (work / "operator.log").open("w")
         operator = subprocess.Popen([sys.executable, "-m", "gputask.cli", "run", "--kubeconfig", str(kubeconfig),
