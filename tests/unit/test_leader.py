@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from gputask.k8s.client import LEASES, Resource
 from gputask.k8s.leader import LeaderElector
 from gputask.testing.fake import FakeKubeClient
@@ -104,3 +106,30 @@ async def test_a_paused_holder_is_replaced_after_the_lease_duration_and_does_not
     assert not await a.try_acquire_or_renew()
     run_b.cancel()
     await asyncio.gather(run_b, return_exceptions=True)
+
+
+async def test_a_step_that_ignores_cancellation_does_not_hang_stop(caplog: pytest.LogCaptureFixture) -> None:
+    """Background.stop waits a bounded time for a cancelled step; one that will not end is logged with its stack
+    and left behind, so stepping down or shutting down never hangs on it."""
+    from gputask.k8s.background import Background
+
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                continue  # a bug: swallows its cancellation
+
+    loop = Background("stubborn", stubborn, lambda: 0.01)
+    loop.start()
+    await asyncio.sleep(0.05)
+    task = loop._task  # noqa: SLF001 (to end it after the test's point is made)
+    await asyncio.wait_for(loop.stop(timeout_s=0.2), timeout=5)
+    release.set()
+    assert task is not None
+    for _ in range(3):  # the step sees the release and returns; the loop then ends on the next cancel
+        task.cancel()
+        await asyncio.wait({task}, timeout=1)
+    assert ("stubborn did not stop within 0.2s of being cancelled" in caplog.text, task.done()) == (True, True)

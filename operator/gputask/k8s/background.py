@@ -12,6 +12,17 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+STOP_TIMEOUT_S = 10.0
+"""How long :meth:`Background.stop` waits for a cancelled step to end."""
+
+
+def _stack(task: asyncio.Task[None]) -> list[str]:
+    import io
+
+    out = io.StringIO()
+    task.print_stack(file=out)
+    return [out.getvalue()]
+
 
 class Background:
     """Run ``step()`` after each :meth:`wake` (coalesced) or every ``interval_s()`` seconds."""
@@ -33,13 +44,18 @@ class Background:
             self._task = asyncio.create_task(self._run(), name=f"gputask-{self.name}")
         self.wake()
 
-    async def stop(self) -> None:
-        """Stop the task and wait for it."""
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the task and wait for it, at most ``timeout_s``: a step that does not end when cancelled is logged
+        with its stack and left behind, so stepping down (and shutting down) cannot hang on it."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+            if not done:
+                self._log.error("%s did not stop within %gs of being cancelled; left running:\n%s", self.name,
+                                timeout_s, "".join(_stack(task)))
+            elif not task.cancelled() and task.exception() is not None:
+                self._log.error("%s ended with %r", self.name, task.exception())
 
     async def _run(self) -> None:
         while True:

@@ -11,7 +11,6 @@ operator instance, so tests can run two operators in one process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -56,6 +55,7 @@ from gputask.metrics import OperatorMetrics
 log = logging.getLogger("gputask.handlers")
 
 Handler = Callable[..., Coroutine[Any, Any, None]]
+CLEANUP_TIMEOUT_S = 15.0  # the longest a shutdown waits for the leader election to release the Lease
 REBUILD_RETRY_S = 5.0
 
 REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
@@ -192,9 +192,11 @@ class Operator:
     async def on_cleanup(self, **_: Any) -> None:
         """Stop campaigning (releasing the Lease) and scheduling."""
         if self._campaign is not None:
-            self._campaign.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._campaign
+            campaign, self._campaign = self._campaign, None
+            campaign.cancel()
+            done, _ = await asyncio.wait({campaign}, timeout=CLEANUP_TIMEOUT_S)  # never hang a shutdown on it
+            if not done:
+                log.error("the leader election did not stop within %gs of being cancelled", CLEANUP_TIMEOUT_S)
         await self.step_down()
 
     async def on_task(self, event: dict[str, Any], **_: Any) -> None:
