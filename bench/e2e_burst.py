@@ -89,8 +89,6 @@ def backlog(api: Any, count: int, clients: int) -> float:
     from ``clients`` threads; returns the seconds it took. What a restart has to rebuild besides the admitted."""
     from kubernetes import client as k8s
 
-    from gputask.k8s.client import load_api_client
-
     if not count:
         return 0.0
     custom = k8s.CustomObjectsApi(api)
@@ -100,13 +98,10 @@ def backlog(api: Any, count: int, clients: int) -> float:
     custom.create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gpulocalqueues", {
         "apiVersion": "gputask.io/v1alpha1", "kind": "GPULocalQueue", "metadata": {"name": "backlog"},
         "spec": {"clusterQueue": "backlog"}})
-    apis = [k8s.CustomObjectsApi(load_api_client(api.configuration_file, pool_size=2)) for _ in range(clients)] if (
-        hasattr(api, "configuration_file")) else [custom] * clients
-
     def create(i: int) -> None:
         body = task_body(f"b{i:06d}")
         body["spec"]["queueName"] = "backlog"
-        apis[i % clients].create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gputasks", body)
+        custom.create_namespaced_custom_object("gputask.io", "v1alpha1", "default", "gputasks", body)
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=clients) as pool:

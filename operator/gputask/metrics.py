@@ -44,7 +44,7 @@ class OperatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self._nodes = {}  # node -> (state generation, node, GPU indices) as last exported
+        self._nodes = {}  # node -> (its state object, that state's generation, GPU indices) as last exported
         self._inadmissible: dict[str, int] = {}  # pending tasks waiting as Inadmissible, per queue (last counted)
         r = self.registry
         self.pending = Gauge("gputask_pending_tasks", "Tasks waiting in each queue.", ["queue"], registry=r)
@@ -152,7 +152,7 @@ class OperatorMetrics:
             registry=r,
         )
 
-    _nodes: dict[str, tuple[int, object, tuple[str, ...]]]
+    _nodes: dict[str, tuple[object, int, tuple[str, ...]]]
 
     def refresh(self, scheduler: Scheduler, *, waiting: bool = True) -> None:
         """Set the gauges from the scheduler's state (after a cycle). ``waiting`` False skips the series that read
@@ -214,14 +214,15 @@ class OperatorMetrics:
     def _refresh_nodes(self, scheduler: Scheduler) -> None:
         """Per-node and per-GPU memory gauges of the nodes that changed since the last refresh (by the node
         state's generation), and no series for nodes or GPUs gone: label calls in proportion to what changed."""
-        seen: dict[str, tuple[int, object, tuple[str, ...]]] = {}
+        seen: dict[str, tuple[object, int, tuple[str, ...]]] = {}
         for state in scheduler.cluster.sorted_nodes():
-            indices = tuple(str(g.index) for g in state.node.gpus)
-            mark = (state.generation, state.node, indices)
-            seen[state.name] = mark
-            if self._nodes.get(state.name) == mark:
+            known = self._nodes.get(state.name)
+            if known is not None and known[0] is state and known[1] == state.generation:  # set_node makes a new state
+                seen[state.name] = known
                 continue
-            self._drop_gpus(state.name, set(self._nodes.get(state.name, (0, None, ()))[2]) - set(indices))
+            indices = tuple(str(g.index) for g in state.node.gpus)
+            seen[state.name] = (state, state.generation, indices)
+            self._drop_gpus(state.name, set(known[2] if known else ()) - set(indices))
             free = sum(state.free_mib(p) for p in range(len(state.node.gpus)))
             self.reserved.labels(state.name).set(sum(state.reserved_mib) * MIB)
             self.free.labels(state.name).set(free * MIB)

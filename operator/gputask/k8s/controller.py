@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from gputask.k8s.tasks import (
     FINISHED_PHASES,
     PENDING,
     PLACED_PHASES,
+    POSITION_SUFFIX,
     RUNNING,
     SUCCEEDED,
     Backoff,
@@ -499,7 +499,7 @@ class Controller:
         if status.get("phase") == PENDING and waited and waited.get("status") == "False":
             # the wait it was last told, so the first cycle after a restart posts no Event and writes no status
             # for a task that still waits for the same reason (tens of thousands of them, at scale)
-            message = _POSITION_SUFFIX.sub("", str(waited.get("message") or ""))
+            message = POSITION_SUFFIX.sub("", str(waited.get("message") or ""))
             record.last_wait = (str(waited.get("reason") or ""), message)
         job = self._booked_job(record, status.get("jobName"))
         if job is None or job.placement is None:
@@ -616,10 +616,6 @@ class Controller:
             if record.phase in PLACED_PHASES and status_behind(record):
                 # a restart between creating the Job and writing the status: finish the write
                 self.outbox.append(Report("restored", record, f"Admitted (Job {record.job_name} found at restart)"))
-
-
-_POSITION_SUFFIX = re.compile(r" \(position \d+ in GPUClusterQueue '[^']*'\)$")
-"""What :meth:`Transitions.waiting` appends to a wait's message: its queue position."""
 
 
 def _int(value: Any) -> int:

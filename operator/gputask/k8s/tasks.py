@@ -16,6 +16,7 @@ call. The phases (DESIGN.md section 2):
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -194,7 +195,7 @@ class Transitions:
     async def waiting(self, record: TaskRecord, reason: str, message: str, position: int | None = None) -> None:
         """Pending for ``reason``; the Event is posted only for a new reason, not a new position."""
         queue = record.task.queue if record.task is not None else ""
-        where = "" if position is None else f" (position {position} in GPUClusterQueue {queue!r})"
+        where = "" if position is None else position_text(position, queue)
         record.phase, record.queue_position = PENDING, position
         set_condition(record, "QuotaReserved", False, reason, message + where)
         set_condition(record, "Admitted", False, reason, message + where)
@@ -353,6 +354,16 @@ class Transitions:
         # Only the resourceVersion: the spec and labels change through the watch, which compares them.
         record.obj["metadata"]["resourceVersion"] = fresh["metadata"].get("resourceVersion")
         return WRITTEN
+
+
+def position_text(position: int, queue: str) -> str:
+    """What a wait's message ends with: `` (position 3 in GPUClusterQueue 'q')`` (:data:`POSITION_SUFFIX` reads
+    it back)."""
+    return f" (position {position} in GPUClusterQueue {queue!r})"
+
+
+POSITION_SUFFIX = re.compile(r" \(position \d+ in GPUClusterQueue '[^']*'\)$")
+""":func:`position_text` at the end of a message (to take a stored wait's message back without it)."""
 
 
 def _same_status(stored: Any, wanted: Mapping[str, Any]) -> bool:
