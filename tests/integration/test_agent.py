@@ -10,10 +10,11 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gputask.agent import FakeProbe, GpuReading, NodeReading, fake_uuid
+from gputask.agent import FakeProbe, GpuReading, NodeReading, NvmlProbe, fake_uuid
 from gputask.agent.report import Reporter
-from gputask.k8s.client import GPUNODES, JOBS, NotFound
+from gputask.k8s.client import GPUNODES, GPUTASKS, JOBS, NotFound
 from harness import Cluster, add_ready_node, eventually, gputask, gputask_command, running_operator
+from nvml_mig import MigNvml, a100_in_mig_mode
 
 NODE = "gpu-node-1"
 U0, U1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
@@ -197,3 +198,44 @@ async def test_metrics_bind_address_is_where_they_listen(cluster: Cluster) -> No
         last = err.decode().strip().splitlines()[-1]
         outcomes.append((proc.returncode, last.split(":")[0], "assign requested address" in last))
     assert outcomes == [(2, "gputask agent", True), (2, "gputask run", True)]
+
+
+# -- MIG devices end to end: read through NVML, placed by the real operator, pinned by MIG UUID ----------
+MIG_1G = "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+MIG_2G = "NVIDIA-A100-SXM4-40GB-MIG-1c.2g.10gb"
+
+
+def visible_devices(job: dict[str, Any]) -> list[str]:
+    """The NVIDIA_VISIBLE_DEVICES value of each container of a Job's pod template."""
+    containers = job["spec"]["template"]["spec"]["containers"]
+    return [e["value"] for c in containers for e in c.get("env") or [] if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+
+
+async def test_tasks_naming_a_mig_profile_get_mig_devices_pinned_by_uuid(cluster: Cluster) -> None:
+    """Tasks that name a MIG product are placed on MIG devices (shared by memory, or whole) and their Jobs see
+    the MIG UUID; a task naming no product takes the GPU outside MIG, and the next one waits."""
+    await add_ready_node(cluster, NODE)
+    await cluster.add_queue()
+    with NvmlProbe(nvml=MigNvml(a100_in_mig_mode())) as probe:
+        async with running_agent(cluster, probe):
+            await eventually(lambda: gpunode_with(cluster, lambda s: len(s.get("gpus") or []) == 6))
+            async with running_operator(cluster):
+                await cluster.submit(gputask("infer", gpuMemory="2Gi", gpuProducts=[MIG_1G]))
+                await cluster.submit(gputask("train", gpuProducts=[MIG_2G]))
+                await cluster.submit(gputask("whole"))
+                await cluster.submit(gputask("whole-2"))
+                jobs = [await eventually(lambda n=n: job_of(cluster, f"{n}-1")) for n in ("infer", "train", "whole")]
+                waiting = await eventually(lambda: _waiting(cluster, "whole-2"))
+    placements = [json.loads(j["metadata"]["annotations"]["gputask.io/placement"]) for j in jobs]
+    assert ([(p["indices"], p["uuids"], p["memoryMiB"]) for p in placements], [visible_devices(j) for j in jobs],
+            waiting) == (
+        [([100], ["MIG-a"], [2048]), ([103], ["MIG-c"], [9984]), ([1], ["GPU-1"], [40960])],
+        [["MIG-a"], ["MIG-c"], ["GPU-1"]],
+        ("Pending", "NoFit"),
+    )
+
+
+async def _waiting(cluster: Cluster, name: str) -> tuple[str, str] | None:
+    status = (await cluster.client.get(GPUTASKS, name, "default")).get("status") or {}
+    reasons = [c["reason"] for c in status.get("conditions") or [] if c["type"] == "Admitted"]
+    return (status["phase"], reasons[0]) if status.get("phase") == "Pending" and reasons else None

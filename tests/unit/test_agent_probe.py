@@ -212,6 +212,10 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return [device.mig, device.mig]
 
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        self._device(handle, "nvmlDeviceGetMaxMigDeviceCount")
+        return 0  # in MIG mode with no MIG devices configured (tests/unit/test_agent_mig.py has them)
+
     def nvmlSystemGetDriverVersion(self) -> str:
         self._call("nvmlSystemGetDriverVersion")
         return "550.54.15"
@@ -278,7 +282,7 @@ def test_nvml_discovers_two_devices() -> None:
 
 
 def test_nvml_reports_mig_enabled() -> None:
-    """A GPU in MIG mode reads as mig_mode 'Enabled'; MIG NotSupported reads as None."""
+    """A GPU in MIG mode (here without MIG devices) reads as mig_mode 'Enabled'; MIG NotSupported reads as None."""
     devices = two_gpus()
     devices[1].mig = pynvml.NVML_DEVICE_MIG_ENABLE
     assert NvmlProbe(nvml=FakeNvml(devices)).read().gpus == (
@@ -413,6 +417,7 @@ def test_capture_script_writes_the_reading_as_json(monkeypatch: pytest.MonkeyPat
             "mig_mode": "Disabled",
             "healthy": True,
             "reason": "",
+            "mig": None,
         },
         {"0": True, "1": True},
         {

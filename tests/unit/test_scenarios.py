@@ -794,3 +794,73 @@ def test_plot_title_counts_outcomes_and_bad_plot_paths_exit_2(tmp_path: Path, ca
                                                     "folder\n")
     cli_run(path, output="table", policy="bestfit", plot=None)
     assert f"unfinished {run_scenario(BASIC, policy='bestfit')['unfinished']} " in capsys.readouterr().out
+
+
+# -- MIG devices ---------------------------------------------------------------------------------
+A100 = "NVIDIA-A100-SXM4-80GB"
+MIG_NODE = {
+    "name": "node-a",
+    "gpus": [
+        {"product": A100, "memory": "80Gi", "mig": [
+            {"profile": "1g.10gb", "memory": "9728Mi"},
+            {"profile": "1g.10gb", "memory": "9728Mi"},
+            {"profile": "3g.40gb", "memory": "40192Mi"},
+        ]},
+        {"product": A100, "memory": "80Gi"},
+    ],
+}
+
+
+def test_mig_devices_take_only_tasks_that_name_their_product() -> None:
+    """MIG devices (indices 100..) take the tasks whose gpuProducts name their profile, shared by memory or
+    whole; tasks naming no product get the GPU outside MIG or wait, never a MIG device or the MIG-mode GPU."""
+    doc = scenario(
+        [MIG_NODE],
+        [
+            submit("small-a", gpuMemory="4Gi", gpuProducts=[f"{A100}-MIG-1g.10gb"]),
+            submit("small-b", gpuMemory="4Gi", gpuProducts=[f"{A100}-MIG-1g.10gb"]),
+            submit("small-c", gpuMemory="6Gi", gpuProducts=[f"{A100}-MIG-1g.10gb"]),
+            submit("big", gpus=1, gpuProducts=[f"{A100}-MIG-3g.40gb"]),
+            submit("whole", gpus=1),
+            submit("whole-2", gpus=1),
+        ],
+        until=60,
+    )
+    result = run_scenario(doc)
+    assert ({n: v[:3] for n, v in brief(result).items()}, result["violations"]) == (
+        {
+            "small-a": ("Running", "node-a", [100]),
+            "small-b": ("Running", "node-a", [100]),
+            "small-c": ("Running", "node-a", [101]),
+            "big": ("Running", "node-a", [102]),
+            "whole": ("Running", "node-a", [1]),
+            "whole-2": ("Pending", None, []),
+        },
+        [],
+    )
+
+
+def test_a_failed_gpu_in_mig_mode_takes_its_mig_devices_down() -> None:
+    """gpuUnhealthy on the MIG-mode GPU evicts the tasks on its MIG devices, as an XID on the GPU does; a
+    MIG device's own index can be named too."""
+    doc = scenario(
+        [MIG_NODE],
+        [
+            submit("small", gpuMemory="4Gi", gpuProducts=[f"{A100}-MIG-1g.10gb"]),
+            {"at": 10, "gpuUnhealthy": {"node": "node-a", "index": 0}},
+            {"at": 20, "gpuUnhealthy": {"node": "node-a", "index": 102}},
+        ],
+        until=60,
+    )
+    result = run_scenario(doc)
+    assert (brief(result)["small"], result["violations"]) == (("Pending", None, [], 1, None, None, "NoFit"), [])
+
+
+def test_a_gpu_event_naming_a_missing_mig_device_is_refused() -> None:
+    """A gpuUnhealthy index that is neither a GPU nor a MIG device of the node is a clear error."""
+    doc = scenario([MIG_NODE], [{"at": 1, "gpuUnhealthy": {"node": "node-a", "index": 103}}], until=60)
+    with pytest.raises(ScenarioError) as info:
+        run_scenario(doc)
+    assert str(info.value) == (
+        "events[0] (at 1, gpuUnhealthy): node 'node-a' has no GPU 103 (it has 2, and MIG devices [100, 101, 102])"
+    )

@@ -32,6 +32,8 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from gputask.agent.errors import ProbeError, ProbeUnavailable
+from gputask.agent.mig import MIG_PERMISSION_HINT, MigInfo, mig_product, read_mig_devices
+from gputask.core.model import mig_device_index
 
 log = logging.getLogger("gputask.agent")
 
@@ -46,6 +48,8 @@ class GpuReading:
 
     ``memory_total_mib`` is what tasks can allocate: NVML's total less the driver's reserve
     where the driver tells it (see :func:`_memory`); ``memory_used_mib`` is what processes hold.
+    A MIG device (:mod:`gputask.agent.mig`) is a reading of its own with ``mig`` set, its index
+    from :func:`~gputask.agent.mig.mig_index` and its parent's product with ``-MIG-<profile>``.
     """
 
     index: int
@@ -56,6 +60,7 @@ class GpuReading:
     mig_mode: str | None = None
     healthy: bool = True
     reason: str = ""
+    mig: MigInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,7 @@ class NvmlProbe:
         self._opened = False
         self._event_set: Any = None
         self._known: dict[int, _Known] = {}
+        self._known_mig: dict[int, tuple[GpuReading, ...]] = {}  # parent index -> its MIG devices as last read
         self._sticky: dict[int, str] = {}  # index -> reason ("XID 79"), unhealthy until restart
         self.events: dict[int, bool] = {}
 
@@ -178,18 +184,19 @@ class NvmlProbe:
                 count = int(nvml.nvmlDeviceGetCount())
             except nvml.NVMLError as exc:
                 raise ProbeError(f"nvmlDeviceGetCount: {exc}") from None
-            gpus = [self._read_device(nvml, index) for index in range(count)]
+            gpus = [gpu for index in range(count) for gpu in self._read_device(nvml, index)]
             self._drain_events(nvml, count)
             gpus = [self._with_sticky(gpu) for gpu in gpus]
             return NodeReading(self._driver_version(nvml), self._cuda_version(nvml), tuple(gpus))
 
     def _with_sticky(self, gpu: GpuReading) -> GpuReading:
-        reason = self._sticky.get(gpu.index)
+        reason = self._sticky.get(gpu.mig.parent_index if gpu.mig is not None else gpu.index)
         if reason is None or not gpu.healthy:
             return gpu
         return replace(gpu, healthy=False, reason=reason)
 
-    def _read_device(self, nvml: Any, index: int) -> GpuReading:
+    def _read_device(self, nvml: Any, index: int) -> list[GpuReading]:
+        """The device at ``index``, followed by its MIG devices when it is in MIG mode."""
         identity: dict[str, str] = {}
         try:
             handle = _query(nvml, "nvmlDeviceGetHandleByIndex", index)
@@ -198,10 +205,38 @@ class NvmlProbe:
             total_mib, used_mib = _memory(nvml, handle)
             mig_mode = self._mig_mode(nvml, handle)
         except _QueryFailed as exc:
-            return self._failed_device(index, str(exc), **identity)
+            return [self._failed_device(index, str(exc), **identity), *self._failed_mig(index, str(exc))]
         uuid, product = identity["uuid"], identity["product"]
         self._known[index] = _Known(uuid, product, total_mib)
-        return GpuReading(index, uuid, product, total_mib, used_mib, mig_mode)
+        gpu = GpuReading(index, uuid, product, total_mib, used_mib, mig_mode)
+        if mig_mode != "Enabled":
+            self._known_mig.pop(index, None)
+            return [gpu]
+        return self._with_mig_devices(nvml, handle, gpu)
+
+    def _with_mig_devices(self, nvml: Any, handle: Any, gpu: GpuReading) -> list[GpuReading]:
+        """``gpu`` (in MIG mode) and its MIG devices; when they cannot be read, ``gpu`` says why and the
+        MIG devices read before are kept, unhealthy with that reason (their work is not silently lost)."""
+        try:
+            found = read_mig_devices(nvml, handle, parent_index=gpu.index, parent_uuid=gpu.uuid)
+        except nvml.NVMLError as exc:
+            denied = isinstance(exc, getattr(nvml, "NVMLError_NoPermission", ()))
+            reason = MIG_PERMISSION_HINT if denied else f"reading its MIG devices failed: {exc}"
+            log.warning("GPU %d: %s", gpu.index, reason)
+            return [replace(gpu, healthy=False, reason=f"MIG mode is enabled; {reason}"),
+                    *self._failed_mig(gpu.index, reason)]
+        migs = tuple(
+            GpuReading(mig_device_index(gpu.index, d.slot), d.uuid, mig_product(gpu.product, d.info.profile),
+                       d.memory_total_mib, d.memory_used_mib, mig=d.info)
+            for d in found
+        )
+        self._known_mig[gpu.index] = migs
+        return [gpu, *migs]
+
+    def _failed_mig(self, parent_index: int, reason: str) -> list[GpuReading]:
+        """The MIG devices last read under ``parent_index``, unhealthy with ``reason``."""
+        known = self._known_mig.get(parent_index, ())
+        return [replace(m, memory_used_mib=0, healthy=False, reason=reason) for m in known]
 
     def _failed_device(self, index: int, reason: str, uuid: str = "", product: str = "") -> GpuReading:
         """The device as last known (what this read got first), unhealthy with ``reason``."""

@@ -5,7 +5,7 @@ One :meth:`Reporter.tick`:
 1. read the probe in a worker thread (a failure is counted and nothing is written, so the
    heartbeat goes stale and the operator's ``heartbeatStaleAfter`` notices a dead probe);
 2. normalise the reading into the device view (malformed entries dropped with a warning, a
-   GPU in MIG mode reported unschedulable, see :func:`device_view`);
+   GPU in MIG mode reported unschedulable, its MIG devices schedulable, see :func:`device_view`);
 3. unless backing off: make sure the GPUNode exists (named after the Node, ownerReference to
    the v1 Node when it exists; else created without one and adopted at a later tick);
 4. patch ``status`` when the view changed or the heartbeat is due.
@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from gputask.agent.metrics import AgentMetrics
+from gputask.agent.mig import MigInfo
 from gputask.agent.probe import GpuProbe, GpuReading, NodeReading
 from gputask.k8s.client import GPUNODES, NODES, AlreadyExists, KubeClient, NotFound
 
@@ -37,14 +38,15 @@ log = logging.getLogger("gputask.agent")
 
 API_VERSION = "gputask.io/v1alpha1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gputask-agent"}
-MIG_REASON = "MIG mode is enabled; gputask places whole GPUs only"
+MIG_REASON = "MIG mode is enabled; work runs on its MIG devices, reported as devices of their own"
 
 
 def device_view(reading: NodeReading) -> NodeReading:
     """``reading`` made safe to publish: malformed GPU entries dropped, MIG GPUs unschedulable.
 
-    A GPU in MIG mode runs work only inside its MIG instances, which gputask does not place,
-    so it is reported ``healthy: false`` with :data:`MIG_REASON`.
+    A GPU in MIG mode runs work only inside its MIG devices (:mod:`gputask.agent.mig`), which the
+    reading lists as devices of their own, so the GPU itself is reported ``healthy: false`` with
+    :data:`MIG_REASON` (or the reason its MIG devices could not be read).
     """
     gpus: list[GpuReading] = []
     seen: set[int] = set()
@@ -94,6 +96,8 @@ def gpunode_status(view: NodeReading, heartbeat: dt.datetime) -> dict[str, Any]:
             "healthy": gpu.healthy,
             "reason": gpu.reason,
         }
+        if gpu.mig is not None:
+            entry["mig"] = mig_status(gpu.mig)
         gpus.append(entry)
     return {
         "gpus": gpus,
@@ -101,6 +105,17 @@ def gpunode_status(view: NodeReading, heartbeat: dt.datetime) -> dict[str, Any]:
         "cudaVersion": view.cuda_version,
         "heartbeatTime": rfc3339(heartbeat),
         "summary": gpu_summary(view),
+    }
+
+
+def mig_status(info: MigInfo) -> dict[str, Any]:
+    """A MIG device's ``mig`` entry in the GPUNode: its parent GPU, profile and instance ids."""
+    return {
+        "parentIndex": info.parent_index,
+        "parentUUID": info.parent_uuid,
+        "profile": info.profile,
+        "gpuInstanceId": info.gpu_instance_id,
+        "computeInstanceId": info.compute_instance_id,
     }
 
 

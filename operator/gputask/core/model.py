@@ -21,6 +21,31 @@ NodeName = NewType("NodeName", str)
 
 MILLI_PER_GPU = 1000
 
+MIG_PRODUCT_MARK = "-MIG-"
+"""What a MIG device's product carries between its GPU's product and its profile
+(``NVIDIA-A100-SXM4-80GB-MIG-1g.10gb``, as NVIDIA's GPU Feature Discovery names it)."""
+
+
+MIG_INDEX_STRIDE = 100
+"""A MIG device's index on its node: ``100 x (parent GPU index + 1) + its NVML MIG device index`` (GPU 0's MIG
+devices are 100, 101, ...; GPU 1's 200, ...; NVML numbers at most 8 under one GPU), so every device of a node,
+MIG or not, is one integer in the GPUNode's ``gpus`` list and in placements."""
+
+
+def is_mig_product(product: str) -> bool:
+    """True for the product of a MIG device (a slice of a GPU in MIG mode, see :data:`MIG_PRODUCT_MARK`)."""
+    return MIG_PRODUCT_MARK in product
+
+
+def mig_device_index(parent_index: int, slot: int) -> int:
+    """The node-wide index of MIG device ``slot`` (its NVML index under the parent) of GPU ``parent_index``."""
+    return MIG_INDEX_STRIDE * (parent_index + 1) + slot
+
+
+def mig_parent_index(index: int) -> int | None:
+    """The parent GPU's index of the MIG device at node-wide ``index``; None for a GPU's own index."""
+    return index // MIG_INDEX_STRIDE - 1 if index >= MIG_INDEX_STRIDE else None
+
 
 def task_key(namespace: str, name: str) -> TaskKey:
     """Return the key ``namespace/name`` of a task."""
@@ -93,7 +118,9 @@ class GpuRequest:
     - ``fraction_milli``: that share (1..1000) of each GPU's memory, sharing allowed;
       1000 means the whole GPU and is treated as exclusive.
 
-    ``products`` restricts the allowed GPU products (empty = any).
+    ``products`` restricts the allowed GPU products (empty = any product but MIG devices: a MIG device
+    has a fraction of a GPU's compute, so only a task that names its product gets one, as the device
+    plugin's mixed strategy makes pods ask for ``nvidia.com/mig-<profile>`` by name).
     """
 
     count: int
@@ -118,8 +145,8 @@ class GpuRequest:
         return -(-gpu.memory_mib * self.fraction_milli // MILLI_PER_GPU)
 
     def allows(self, product: str) -> bool:
-        """True when ``product`` is allowed by ``products``."""
-        return not self.products or product in self.products
+        """True when ``product`` is allowed by ``products`` (with none given: every product but MIG devices')."""
+        return product in self.products if self.products else MIG_PRODUCT_MARK not in product
 
 
 @dataclass(frozen=True, slots=True)

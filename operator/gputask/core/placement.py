@@ -52,13 +52,13 @@ def feasible_gpus(state: NodeState, task: Task) -> list[int]:
     Node-level checks (schedulable, CPU, host memory, count) are in :func:`node_fits`.
     """
     req = task.request
-    products = req.products
+    allows = req.allows
     gpus = state.node.gpus
     if req.exclusive:
-        return [pos for pos, gpu in enumerate(gpus) if (not products or gpu.product in products) and state.is_idle(pos)]
+        return [pos for pos, gpu in enumerate(gpus) if allows(gpu.product) and state.is_idle(pos)]
     out: list[int] = []
     for pos, gpu in enumerate(gpus):
-        if products and gpu.product not in products:
+        if not allows(gpu.product):
             continue
         need = req.mib_on(gpu)
         if state.free_mib(pos) >= need and need <= gpu.memory_mib:

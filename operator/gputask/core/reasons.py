@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.fit import Filter, Refusal, static_refusal
 from gputask.core.flavors import describe_key, flavored, split_key
-from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
+from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey, is_mig_product
 from gputask.core.placement import Outcome, feasible_gpus
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
 
@@ -163,6 +163,11 @@ def gpu_refusal(state: NodeState, task: Task, *, ever: bool = False) -> Refusal 
     gpus = state.node.gpus
     if req.products and req.products.isdisjoint([g.product for g in gpus]):
         return Refusal(Filter.GPU, f"no GPU of product {sorted(req.products)}")
+    if not req.products and any(is_mig_product(g.product) for g in gpus):
+        outside = sum(1 for g in gpus if g.healthy and not is_mig_product(g.product))
+        if outside < req.count:
+            what = "no GPU" if req.count == 1 else f"fewer than {req.count} GPUs"
+            return Refusal(Filter.GPU, f"{what} outside MIG (a MIG device takes only tasks whose gpuProducts name it)")
     if ever:
         usable = sum(1 for g in gpus if req.allows(g.product) and req.mib_on(g) <= g.memory_mib)
     else:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
-from gputask.core.model import HostUse
+from gputask.core.model import HostUse, mig_parent_index
 from gputask.k8s.foreign import GPU_RESOURCE, ForeignPods, occupied_gpus
 from gputask.manifests import convert
 from gputask.manifests.podfit import node_offer
@@ -22,6 +22,8 @@ from gputask.manifests.podfit import node_offer
 log = logging.getLogger("gputask.inventory")
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""The device plugin's MIG resources under its mixed strategy: ``nvidia.com/mig-1g.10gb``..."""
 WORKLOAD_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 
@@ -65,11 +67,21 @@ def out_of_service(node: Mapping[str, Any]) -> bool:
     return any(isinstance(t, Mapping) and t.get("key") == OUT_OF_SERVICE for t in taints)
 
 
+def _allocatable(node: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return _mapping(_mapping(_mapping(node).get("status")).get("allocatable"))
+
+
 def allocatable_gpus(node: Mapping[str, Any] | None) -> int | None:
-    """The Node's allocatable ``nvidia.com/gpu`` (the device plugin's count), None without a device plugin."""
-    value = _mapping(_mapping(_mapping(node).get("status")).get("allocatable")).get(GPU_RESOURCE)
+    """How many GPUs the Node's device plugin advertises: allocatable ``nvidia.com/gpu`` plus every
+    ``nvidia.com/mig-<profile>`` (its mixed MIG strategy lists a GPU in MIG mode only as those); None without
+    a device plugin. Under its single strategy ``nvidia.com/gpu`` counts MIG devices instead, at least one per
+    GPU in MIG mode unless one has none configured, so a real GPU is refused here only in that case."""
+    allocatable = _allocatable(node)
+    counted = [v for k, v in allocatable.items() if k == GPU_RESOURCE or str(k).startswith(MIG_RESOURCE_PREFIX)]
+    if not counted:
+        return None
     try:
-        return int(convert.quantity(value, field="allocatable")) if value is not None else None
+        return sum(int(convert.quantity(v, field="allocatable")) for v in counted)
     except ValueError:
         return None
 
@@ -225,11 +237,16 @@ class Inventory:
                 refused.append(f"GPU {gpu.index}: uuid {gpu.uuid} is reported by node {owner} too")
             else:
                 kept.append(gpu)
-        limit = allocatable_gpus(self.nodes.get(node.name))
-        if limit is not None and len(kept) > limit:
-            refused.append(f"{len(kept)} GPUs reported but the Node's allocatable nvidia.com/gpu is {limit}: "
-                           f"GPUs {[g.index for g in kept[limit:]]} refused")
-            kept = kept[:limit]
+        v1_node = self.nodes.get(node.name)
+        limit = allocatable_gpus(v1_node)
+        physical = [g for g in kept if mig_parent_index(g.index) is None]
+        if limit is not None and len(physical) > limit:
+            over = {g.index for g in physical[limit:]}
+            mig = any(str(k).startswith(MIG_RESOURCE_PREFIX) for k in _allocatable(v1_node))
+            counted = f"{GPU_RESOURCE} and {MIG_RESOURCE_PREFIX}* come to" if mig else f"{GPU_RESOURCE} is"
+            refused.append(f"{len(physical)} GPUs reported but the Node's allocatable {counted} {limit}: "
+                           f"GPUs {sorted(over)} refused")
+            kept = [g for g in kept if g.index not in over and mig_parent_index(g.index) not in over]
         return replace(node, gpus=tuple(kept)), refused
 
     def _release_uuids(self, name: str) -> None:

@@ -40,7 +40,9 @@ An evicted task is requeued in its old place and starts over (its full ``duratio
 next admission, with ``attempt`` + 1; the core fails it (MaxReschedulesExceeded) once it has
 been evicted for failures more than ``maxReschedules`` times.
 
-Simulated GPUs get index = position in the node's list and UUID ``GPU-<node>-<index>``.
+Simulated GPUs get index = position in the node's list and UUID ``GPU-<node>-<index>``; a GPU with
+``mig`` devices takes no work itself, its MIG devices do (``scenario_model.GpuSpec``), and a
+``gpuUnhealthy`` event on it takes its MIG devices down with it, as an XID on a GPU in MIG mode does.
 
 ``--policy fifo`` runs the strict FIFO, one-task-per-GPU baseline: a transformation of the
 input (every task asks whole GPUs, every queue is StrictFIFO) placed by ``firstfit``.
@@ -75,6 +77,7 @@ from gputask.core import (
     make_policy,
 )
 from gputask.core.failures import GPU_FAILURE, NODE_FAILURE
+from gputask.core.model import mig_parent_index
 from gputask.core.scheduler import Decision, Evict, Fail
 from gputask.manifests.convert import task_from_manifest
 from gputask.sim.scenario_model import (
@@ -326,7 +329,8 @@ class _Run:
 
     def _gpu_unhealthy(self, name: NodeName, index: int) -> None:
         node = self.nodes[name]
-        gpus = tuple(dataclasses.replace(g, healthy=False) if g.index == index else g for g in node.gpus)
+        failed = {index} | {g.index for g in node.gpus if mig_parent_index(g.index) == index}  # and its MIG devices
+        gpus = tuple(dataclasses.replace(g, healthy=False) if g.index in failed else g for g in node.gpus)
         self.nodes[name] = dataclasses.replace(node, gpus=gpus)
         self.scheduler.set_node(self.nodes[name])
 

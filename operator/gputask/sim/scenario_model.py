@@ -37,6 +37,7 @@ from pydantic import (
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
 from gputask.core.fit import Taint
 from gputask.core.flavors import Flavor
+from gputask.core.model import MIG_PRODUCT_MARK, mig_device_index, mig_parent_index
 from gputask.manifests.convert import MIB, flavor_from_manifest, quantity, queue_from_manifest, to_mib
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -81,11 +82,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class MigSpec(_Strict):
+    """One MIG device of a GPU in MIG mode: its profile (``1g.10gb``) and memory (a quantity)."""
+
+    profile: str = Field(min_length=1, pattern=r"^[0-9a-z.+-]+$")
+    memory: Any = Field(description="a quantity; checked by manifests.convert.to_mib when loading")
+
+
 class GpuSpec(_Strict):
-    """One GPU of a node; ``memory`` is a Kubernetes quantity (``24Gi``)."""
+    """One GPU of a node; ``memory`` is a Kubernetes quantity (``24Gi``). With ``mig`` the GPU is in MIG
+    mode: it takes no work itself and each MIG device is a device of its own (index
+    :func:`~gputask.core.model.mig_device_index`, UUID ``MIG-<node>-<gpu>-<n>``, product
+    ``<product>-MIG-<profile>``), as the agent reports them."""
 
     product: str = Field("unknown", min_length=1)
     memory: Any = Field(description="a quantity; checked by manifests.convert.to_mib when loading")
+    mig: list[MigSpec] | None = Field(None, max_length=8)
 
 
 class TaintSpec(_Strict):
@@ -365,7 +377,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list"}
 
 def check_references(scenario: Scenario) -> None:
     """Refuse events that name tasks, nodes or GPUs that do not exist at their time."""
-    gpus = {n.name: len(n.gpus) for n in scenario.nodes}
+    gpus = {n.name: _indices(n) for n in scenario.nodes}
     live: set[str] = set()
     problems: list[str] = []
     for i, event in scenario.ordered_events():
@@ -383,14 +395,26 @@ def check_references(scenario: Scenario) -> None:
             name = body.node if isinstance(body, GpuRef) else body.name
             if name not in gpus:
                 problems.append(f"{where}: no node {name!r}")
-            elif isinstance(body, GpuRef) and body.index >= gpus[name]:
-                problems.append(f"{where}: node {name!r} has no GPU {body.index} (it has {gpus[name]})")
+            elif isinstance(body, GpuRef) and body.index not in gpus[name]:
+                problems.append(f"{where}: node {name!r} has no GPU {body.index} (it has {_index_text(gpus[name])})")
             if event.kind == "nodeDeleted":
                 gpus.pop(name, None)
         if event.at > scenario.until:
             problems.append(f"{where}: after until ({scenario.until:g})")
     if problems:
         raise ScenarioError("\n".join(problems))
+
+
+def _indices(node: NodeSpec) -> list[int]:
+    """The device indices of a node spec: its GPUs by position, then each GPU's MIG devices."""
+    migs = [mig_device_index(j, k) for j, gpu in enumerate(node.gpus) for k in range(len(gpu.mig or ()))]
+    return [*range(len(node.gpus)), *migs]
+
+
+def _index_text(indices: list[int]) -> str:
+    physical = sum(1 for i in indices if mig_parent_index(i) is None)
+    migs = [i for i in indices if mig_parent_index(i) is not None]
+    return f"{physical}" + (f", and MIG devices {migs}" if migs else "")
 
 
 def fifo_baseline(scenario: Scenario) -> Scenario:
@@ -415,18 +439,15 @@ def core_nodes(scenario: Scenario) -> list[Node]:
     """Core Nodes of the scenario: GPU index = position, UUID ``GPU-<node>-<index>``."""
     nodes = []
     for i, spec in enumerate(scenario.nodes):
-        gpus = []
+        gpus: list[Gpu] = []
         for j, gpu in enumerate(spec.gpus):
-            field = f"nodes[{i}].gpus[{j}].memory"
-            try:
-                memory = to_mib(gpu.memory, field=field)
-                if quantity(gpu.memory, field=field) < MIB:
-                    raise ValueError(
-                        f"{field}: {gpu.memory!r} is less than 1Mi (a bare number is bytes; write e.g. 24Gi)"
-                    )
-            except ValueError as exc:
-                raise ScenarioError(str(exc)) from None
-            gpus.append(Gpu(j, f"GPU-{spec.name}-{j}", gpu.product.replace(" ", "-"), memory))
+            memory = _device_mib(gpu.memory, f"nodes[{i}].gpus[{j}].memory")
+            product = gpu.product.replace(" ", "-")
+            gpus.append(Gpu(j, f"GPU-{spec.name}-{j}", product, memory, healthy=gpu.mig is None))
+            for k, mig in enumerate(gpu.mig or ()):
+                mib = _device_mib(mig.memory, f"nodes[{i}].gpus[{j}].mig[{k}].memory")
+                mig_product = f"{product}{MIG_PRODUCT_MARK}{mig.profile}"
+                gpus.append(Gpu(mig_device_index(j, k), f"MIG-{spec.name}-{j}-{k}", mig_product, mib))
         try:
             cpu = None if spec.cpu is None else math.floor(_allocatable(spec.cpu, f"nodes[{i}].cpu") * 1000)
             host = None if spec.memory is None else math.floor(_allocatable(spec.memory, f"nodes[{i}].memory") / MIB)
@@ -436,6 +457,17 @@ def core_nodes(scenario: Scenario) -> list[Node]:
         labels = {HOSTNAME_LABEL: spec.name, **spec.labels}  # as the kubelet labels every Node
         nodes.append(updated(node, labels=labels, taints=spec.taints, unschedulable=spec.unschedulable))
     return nodes
+
+
+def _device_mib(value: Any, field: str) -> int:
+    """MiB of a device's ``memory`` quantity; ScenarioError below 1Mi or malformed."""
+    try:
+        memory = to_mib(value, field=field)
+        if quantity(value, field=field) < MIB:
+            raise ValueError(f"{field}: {value!r} is less than 1Mi (a bare number is bytes; write e.g. 24Gi)")
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    return memory
 
 
 def _allocatable(value: Any, field: str) -> Decimal:
