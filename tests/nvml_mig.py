@@ -60,8 +60,15 @@ class MigNvml:
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
 
-    def __init__(self, gpus: list[FakeGpu]) -> None:
+    def __init__(self, gpus: list[FakeGpu], *, events: bool = False) -> None:
         self.gpus = gpus
+        self.events = events  # whether XID events can be registered (else health from queries only)
+        self.pending: list[SimpleNamespace] = []
+
+    def emit_xid(self, handle: int, xid: int) -> None:
+        """Queue a critical XID on GPU ``handle`` for the next event wait."""
+        xid_event = pynvml.nvmlEventTypeXidCriticalError
+        self.pending.append(SimpleNamespace(device=handle, eventType=xid_event, eventData=xid))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("NVML_GPU_INSTANCE_PROFILE_"):
@@ -82,8 +89,22 @@ class MigNvml:
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
 
-    def nvmlEventSetCreate(self) -> None:
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # health from queries only, as on some VMs
+    def nvmlEventSetCreate(self) -> str:
+        if not self.events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # health from queries only, as on some VMs
+        return "event-set"
+
+    def nvmlEventSetFree(self, event_set: str) -> None: ...
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: int) -> int:
+        return int(pynvml.nvmlEventTypeXidCriticalError)
+
+    def nvmlDeviceRegisterEvents(self, handle: int, event_types: int, event_set: str) -> None: ...
+
+    def nvmlEventSetWait(self, event_set: str, timeout_ms: int) -> SimpleNamespace:
+        if not self.pending:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return self.pending.pop(0)
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)

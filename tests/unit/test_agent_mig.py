@@ -111,6 +111,19 @@ def test_mig_devices_that_cannot_be_listed_keep_their_identity_unhealthy() -> No
     assert reading.gpus == (parent, *lost, PLAIN)
 
 
+def test_a_critical_xid_on_a_gpu_in_mig_mode_marks_its_mig_devices_unhealthy() -> None:
+    """XID 79 on the GPU takes it and every MIG device on it out for good; the other GPU stays healthy."""
+    nvml = MigNvml(a100_in_mig_mode(), events=True)
+    with NvmlProbe(nvml=nvml) as probe:
+        probe.read()
+        nvml.emit_xid(0, 79)
+        reading = probe.read()
+    assert [(g.index, g.healthy, g.reason) for g in reading.gpus] == [
+        (0, False, "XID 79"), (100, False, "XID 79"), (101, False, "XID 79"), (103, False, "XID 79"),
+        (104, False, "XID 79"), (1, True, ""),
+    ]
+
+
 def test_the_gpunode_lists_mig_devices_with_their_parent_and_the_parent_unschedulable() -> None:
     """The device view marks the parent unschedulable (MIG_REASON) and the status gives each MIG device a
     ``mig`` entry; the summary counts them by product."""
