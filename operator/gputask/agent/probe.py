@@ -32,6 +32,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from gputask.agent.errors import ProbeError, ProbeUnavailable
+from gputask.agent.processes import ProcessUse
 
 log = logging.getLogger("gputask.agent")
 
@@ -46,6 +47,9 @@ class GpuReading:
 
     ``memory_total_mib`` is what tasks can allocate: NVML's total less the driver's reserve
     where the driver tells it (see :func:`_memory`); ``memory_used_mib`` is what processes hold.
+    ``processes``: the compute processes on it (host PIDs, MiB each), None when not read (the probe
+    was not asked to, or NVML cannot list them here); ``mig_devices``: the UUIDs of its MIG devices
+    when in MIG mode.
     """
 
     index: int
@@ -56,6 +60,8 @@ class GpuReading:
     mig_mode: str | None = None
     healthy: bool = True
     reason: str = ""
+    processes: tuple[ProcessUse, ...] | None = None
+    mig_devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +118,14 @@ class NvmlProbe:
     """Reads devices through NVML; ``nvml`` replaces the ``pynvml`` module (tests inject a fake).
 
     ``events`` maps each device index to whether XID events are supported on it, once opened.
+    With ``processes`` each reading lists every device's compute processes (:func:`_processes`);
+    ``process_errors`` then holds, per device index, why its list could not be read at the last read.
     """
 
-    def __init__(self, *, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, *, nvml: ModuleType | Any | None = None, processes: bool = False) -> None:
         self._nvml = nvml
+        self.processes = processes
+        self.process_errors: dict[int, str] = {}
         self._lock = threading.Lock()
         self._opened = False
         self._event_set: Any = None
@@ -201,7 +211,18 @@ class NvmlProbe:
             return self._failed_device(index, str(exc), **identity)
         uuid, product = identity["uuid"], identity["product"]
         self._known[index] = _Known(uuid, product, total_mib)
-        return GpuReading(index, uuid, product, total_mib, used_mib, mig_mode)
+        processes = self._processes_of(nvml, index, handle) if self.processes else None
+        migs = _mig_devices(nvml, handle) if mig_mode == "Enabled" else ()
+        return GpuReading(index, uuid, product, total_mib, used_mib, mig_mode, processes=processes, mig_devices=migs)
+
+    def _processes_of(self, nvml: Any, index: int, handle: Any) -> tuple[ProcessUse, ...] | None:
+        try:
+            found = _processes(nvml, handle)
+        except _QueryFailed as exc:
+            self.process_errors[index] = str(exc)
+            return None
+        self.process_errors.pop(index, None)
+        return found
 
     def _failed_device(self, index: int, reason: str, uuid: str = "", product: str = "") -> GpuReading:
         """The device as last known (what this read got first), unhealthy with ``reason``."""
@@ -349,6 +370,68 @@ def _memory(nvml: Any, handle: Any) -> tuple[int, int]:
             return (int(memory.total) - int(memory.reserved)) // MIB, -(-int(memory.used) // MIB)
     memory = _query(nvml, "nvmlDeviceGetMemoryInfo", handle)
     return int(memory.total) // MIB, -(-int(memory.used) // MIB)
+
+
+_PROCESS_LISTS = (
+    (("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"), True),
+    (("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2"), False),
+)
+
+
+def _processes(nvml: Any, handle: Any) -> tuple[ProcessUse, ...]:
+    """The compute processes on a device: host PID and MiB used (rounded up; None where NVML reports
+    NVML_VALUE_NOT_AVAILABLE, which pynvml turns into None), by PID.
+
+    ``nvmlDeviceGetComputeRunningProcesses`` (pynvml calls the v3 entry point) lists processes with a
+    CUDA context; ``usedGpuMemory`` is "all of the memory used by the application" (NVML reference).
+    Processes that are clients of an MPS server are listed by ``...MPSComputeRunningProcesses`` too;
+    both lists are merged by PID. Drivers without the v3 entry point (FunctionNotFound) are asked
+    through v2. On a GPU in MIG mode the parent device gives aggregate figures only to privileged
+    callers (NVML reference); what it gives is taken as it is. Raises _QueryFailed when the list
+    cannot be read.
+    """
+    found: dict[int, int | None] = {}
+    for names, required in _PROCESS_LISTS:
+        for process in _process_list(nvml, handle, names, required=required):
+            used = process.usedGpuMemory
+            mib = None if used is None else -(-int(used) // MIB)
+            pid = int(process.pid)
+            found[pid] = mib if found.get(pid) is None else found[pid]
+    return tuple(ProcessUse(pid, mib) for pid, mib in sorted(found.items()))
+
+
+def _process_list(nvml: Any, handle: Any, names: tuple[str, str], *, required: bool) -> list[Any]:
+    """One process list, through the first entry point the driver has; an optional list (MPS) the driver
+    does not support is empty."""
+    for name in names:
+        call = getattr(nvml, name, None)
+        if call is None:
+            continue
+        try:
+            return list(call(handle))
+        except _not_supported(nvml):
+            continue
+        except nvml.NVMLError as exc:
+            raise _QueryFailed(f"{name}: {exc}") from None
+    if required:
+        raise _QueryFailed(f"{names[0]}: not supported by this driver")
+    return []
+
+
+def _mig_devices(nvml: Any, handle: Any) -> tuple[str, ...]:
+    """The UUIDs of the MIG devices of a GPU in MIG mode (slots without a device are skipped); () when NVML
+    cannot list them. The agent never changes MIG configuration."""
+    try:
+        count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except nvml.NVMLError:
+        return ()
+    uuids: list[str] = []
+    for slot in range(count):
+        try:
+            uuids.append(_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))))
+        except nvml.NVMLError:
+            continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
+    return tuple(uuids)
 
 
 def _not_supported(nvml: Any) -> tuple[type[BaseException], ...]:
