@@ -83,8 +83,8 @@ def test_index_follows_pod_events_and_reports_changed_nodes() -> None:
     assert (changes, index.by_node, index.node_of) == (
         ["node-a", None, "node-b", "node-a", "node-a"],
         {
-            "node-b": {"p2": ForeignPod(GpuClaim(devices=("GPU-9",)), Requests())},
-            "node-a": {"p3": ForeignPod(None, Requests())},
+            "node-b": {"p2": ForeignPod(GpuClaim(devices=("GPU-9",)), Requests(), "default", "p2")},
+            "node-a": {"p3": ForeignPod(None, Requests(), "default", "p3")},
         },
         {"p2": "node-b", "p3": "node-a"},
     )

@@ -15,12 +15,20 @@ events (one pod at a time; nothing lists every pod per cycle). :func:`occupied_g
 node's claims into the GPUs that are fully occupied:
 
 1. GPUs named by UUID or index are occupied;
-2. for ``nvidia.com/gpu: N`` the kubelet's device choice is not in the API, so N whole GPUs are
-   counted: first those the agent reports busy with memory gputask did not reserve (the likely
-   ones), then idle GPUs (no gputask reservation, nothing foreign) in index order, and only then
-   GPUs gputask uses.
+2. the GPUs the kubelet gave a device-plugin pod, as the node's agent read them from the kubelet's
+   PodResources API (GPUNode ``status.podResources``, :mod:`gputask.k8s.usage`), are occupied: the
+   exact devices, for ``nvidia.com/gpu`` and for NVIDIA's other resources (``nvidia.com/gpu.shared``,
+   ``nvidia.com/mig-*``), which the count rule below does not see at all;
+3. only where the agent says the API is not available (or does not report it), and for a pod
+   bound after the agent's last report (the kubelet assigns devices when it admits the pod; the
+   report follows within an agent interval), ``nvidia.com/gpu: N`` counts N whole GPUs: first those
+   the agent reports busy with memory gputask did not reserve (the likely ones), then idle GPUs
+   (no gputask reservation, nothing foreign) in index order, and only then GPUs gputask uses.
 
-Why this is conservative: the count is never lower than what the device plugin handed out (a
+A pod the kubelet reports that the API does not have as bound and unfinished is ignored: the
+kubelet's List can still name pods in a terminal phase (kubernetes/kubernetes#119423).
+
+Why the count rule is conservative: the count is never lower than what the device plugin handed out (a
 pod both naming devices and requesting ``nvidia.com/gpu`` is charged both); every counted GPU is
 taken whole, so nothing else is placed on it; and preferring idle GPUs withholds the most free
 capacity from gputask, so its view of free GPUs never exceeds the truth in total. A guess can
@@ -111,10 +119,13 @@ def bound(body: Mapping[str, Any], **_: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ForeignPod:
-    """What one foreign pod holds on its node: GPUs (None: none) and effective requests."""
+    """What one foreign pod holds on its node: GPUs (None: none by its spec) and effective requests; its
+    namespace and name (how the kubelet's PodResources API names it)."""
 
     claim: GpuClaim | None
     requests: Requests
+    namespace: str = ""
+    name: str = ""
 
 
 def foreign_pod(pod: Mapping[str, Any]) -> tuple[str, ForeignPod] | None:
@@ -131,7 +142,8 @@ def foreign_pod(pod: Mapping[str, Any]) -> tuple[str, ForeignPod] | None:
         requests = pod_requests(spec)
     except ValueError:
         requests = Requests()  # the API server accepted it, so this does not happen; never crash on it
-    return str(node), ForeignPod(claim_of(spec), requests)
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return str(node), ForeignPod(claim_of(spec), requests, namespace, name)
 
 
 def pod_claim(pod: Mapping[str, Any]) -> tuple[str, GpuClaim] | None:
@@ -175,10 +187,28 @@ class ForeignPods:
         for pod in pods:
             self.on_pod(pod)
 
-    def claims_on(self, node: str) -> list[GpuClaim]:
-        """The GPU claims of the foreign pods bound to ``node``, in pod uid order."""
+    def claims_on(self, node: str, exact: Mapping[tuple[str, str], tuple[str, ...]] | None = None) -> list[GpuClaim]:
+        """The GPU claims of the foreign pods bound to ``node``, in pod uid order.
+
+        ``exact``: the GPU UUIDs the kubelet gave each (namespace, name) pod on the node, when the agent could
+        read them (None: it could not). A pod found there holds exactly those GPUs (and any it names through
+        NVIDIA_VISIBLE_DEVICES) instead of its count; a pod not found there keeps its count (bound after the
+        report). Module docstring, rules 2 and 3.
+        """
         pods = self.by_node.get(node) or {}
-        return [claim for uid in sorted(pods) if (claim := pods[uid].claim) is not None]
+        claims = []
+        for uid in sorted(pods):
+            pod = pods[uid]
+            given = exact.get((pod.namespace, pod.name)) if exact is not None else None
+            claim = pod.claim
+            if given:
+                named = claim.devices if claim is not None else ()
+                claim = GpuClaim(0, tuple(dict.fromkeys(named + given)), claim.every if claim is not None else False)
+            elif given is not None and claim is not None:
+                claim = GpuClaim(0, claim.devices, claim.every) if claim.devices or claim.every else None
+            if claim is not None:
+                claims.append(claim)
+        return claims
 
     def requests_on(self, node: str) -> tuple[Requests, int]:
         """The summed effective requests of the foreign pods bound to ``node``, and how many they are."""
