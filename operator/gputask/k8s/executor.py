@@ -364,7 +364,8 @@ class Executor:
     async def report_gpunodes(self) -> None:
         """Write the conditions of each GPUNode whose refused entries or PodResources availability changed:
         Accepted (a Warning Event GPUNodeRefused when some entries are refused) and, where the agent reports
-        it, PodResourcesAvailable (a Warning Event PodResourcesUnavailable when it turns False). The operator
+        it, PodResourcesAvailable (a Warning Event PodResourcesUnavailable when it turns False, unless the agent
+        was configured not to read it: reason Disabled). The operator
         is the only writer of ``status.conditions`` (a merge patch replaces the list); the agent writes
         ``status.podResources``, which this condition reflects."""
         inventory = self.controller.inventory
@@ -390,7 +391,7 @@ class Executor:
                 await self.writer.event(involved, "Warning", "GPUNodeRefused", message)
             if devices is not None and devices.available is not None:
                 inventory.device_said[name] = (devices.available, devices.reason)
-                if not devices.available and said != (False, devices.reason):
+                if not devices.available and said != (False, devices.reason) and devices.reason != "Disabled":
                     await self.writer.event(involved, "Warning", "PodResourcesUnavailable", conditions[-1]["message"])
 
     async def keep_queue_finalizers(self) -> None:
