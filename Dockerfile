@@ -10,7 +10,8 @@ COPY operator ./operator
 COPY crds ./crds
 COPY examples ./examples
 # The agent extra brings nvidia-ml-py (NVML bindings; the driver library comes from the node's
-# NVIDIA container runtime). sim/test extras are left out: the image never plots or tests.
+# NVIDIA container runtime) and grpcio/protobuf (the kubelet's PodResources API). sim/test extras are
+# left out: the image never plots or tests.
 RUN pip install --no-cache-dir --no-compile --prefix=/install ".[agent]"
 
 FROM python:3.11-slim

@@ -30,7 +30,7 @@ from gputask.agent.report import device_view, gpunode_status
 
 def capture() -> dict[str, Any]:
     """Open NVML, read once, and describe the result (raises ProbeUnavailable without a driver)."""
-    with NvmlProbe() as probe:
+    with NvmlProbe(processes=True) as probe:
         reading = probe.read()
         events = dict(probe.events)
     view = device_view(reading)

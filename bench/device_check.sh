@@ -19,11 +19,15 @@ if [ -n "$DEVWHEELS" ] && [ -d "$DEVWHEELS" ]; then
     "$PY" -m pip install --no-index --find-links "$DEVWHEELS" kopf==1.45.2 kubernetes==37.0.2 pydantic==2.14.4 \
         pytest-asyncio==1.5.0 kmock==0.8 nvidia-ml-py==13.615.71 typer==0.29.2 rich==15.0.0 jsonschema >"$OUT/pip.txt" 2>&1 \
         || echo "pip install failed: see pip.txt"
+    # The agent's PodResources client and its tests (apart, so a missing wheel does not stop the rest).
+    "$PY" -m pip install --no-index --find-links "$DEVWHEELS" grpcio protobuf grpcio-tools >>"$OUT/pip.txt" 2>&1 \
+        || echo "grpcio/protobuf not installed: the PodResources tests will fail to import (see pip.txt)"
 fi
 export PYTHONPATH="$PWD/operator" PYTHONUNBUFFERED=1
 "$PY" bench/agent_probe_capture.py --output "$OUT/nvml_reading.json"; echo "capture exit $?"
 timeout 420 "$PY" -m pytest -p no:cacheprovider -p no:benchmark -q -rs \
     tests/unit/test_agent_probe.py tests/unit/test_agent_report.py tests/unit/test_agent_metrics.py \
+    tests/unit/test_agent_attribution.py tests/unit/test_podresources.py \
     tests/integration/test_agent.py tests/integration/test_agent_real_gpu.py 2>&1 | tee "$OUT/pytest.txt"
 # Figures for the closing note: NVML used memory for a known allocation held by another
 # process (torch), and the probe's read() time.

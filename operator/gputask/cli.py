@@ -387,6 +387,13 @@ def agent(
     metrics_port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 9401,
     metrics_bind_address: MetricsAddress = "0.0.0.0",
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig; default in-cluster, then ~/.kube/config.")] = None,
+    pod_resources_socket: Annotated[str, typer.Option(
+        help="The kubelet's PodResources socket, to report which GPUs device-plugin pods hold; empty: do not read it."
+    )] = "/var/lib/kubelet/pod-resources/kubelet.sock",
+    host_pid: Annotated[bool, typer.Option(
+        "--host-pid",
+        help="The agent shares the host's PID namespace: split GPU memory by pod (the NVML processes' cgroups).",
+    )] = False,
 ) -> None:
     """Run the node agent: report this node's GPUs (NVML) into its GPUNode.
 
@@ -403,6 +410,8 @@ def agent(
             metrics_port=metrics_port,
             kubeconfig=kubeconfig,
             metrics_address=metrics_bind_address,
+            pod_resources_socket=pod_resources_socket,
+            host_pid=host_pid,
         )
     )
 

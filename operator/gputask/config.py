@@ -11,6 +11,9 @@ Shape (YAML)::
     queueing: gputask               # gputask | kueue
     namespace: ""                   # watch one namespace; "" = cluster-wide
     foreignMemoryToleranceMiB: 1024 # memory used beyond our reservations and this counts as foreign
+    memoryBudget:                   # a task using more GPU memory than it reserved (the agent splits memory by pod)
+      action: Warn                  # Warn: condition GPUMemoryWithinBudget False, Event, metric; Evict: also evict
+      toleranceMiB: 1024            # use beyond the reservation allowed (CUDA contexts are not in the reservation)
     leaderElection: false           # campaign for a coordination.k8s.io/v1 Lease; only the leader schedules
     leaseName: gputask-operator
     leaseNamespace: ""              # "" = $POD_NAMESPACE, else "default"
@@ -82,6 +85,18 @@ class FairSharingConfig(BaseModel):
         return self
 
 
+class MemoryBudgetConfig(BaseModel):
+    """``memoryBudget``: what happens to a task whose pods use more GPU memory on a GPU than the task reserved
+    there, beyond ``toleranceMiB`` (see :mod:`gputask.core.budget`). ``action``: ``Warn`` (the condition
+    GPUMemoryWithinBudget False, a Warning Event, the metric) or ``Evict`` (the same, then evicted with reason
+    GPUMemoryExceeded and requeued, counted against maxReschedules)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    action: Literal["Warn", "Evict"] = "Warn"
+    tolerance_mib: int = Field(1024, alias="toleranceMiB", ge=0)
+
+
 class Config(BaseModel):
     """Validated operator configuration (durations in seconds)."""
 
@@ -106,6 +121,7 @@ class Config(BaseModel):
     api_concurrency: int = Field(16, alias="apiConcurrency", ge=1, le=256)
     queue_positions_tracked: int = Field(100, alias="queuePositionsTracked", ge=0, le=100_000)
     fair_sharing: FairSharingConfig = Field(default_factory=FairSharingConfig, alias="fairSharing")
+    memory_budget: MemoryBudgetConfig = Field(default_factory=MemoryBudgetConfig, alias="memoryBudget")
 
     @model_validator(mode="after")
     def _renew_within_lease(self) -> Config:

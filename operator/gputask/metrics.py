@@ -8,10 +8,12 @@ observed where the events happen. Served by ``gputask run --metrics-port``.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gputask.core import GPU, GPU_MEMORY, MILLI_PER_GPU, Scheduler
+from gputask.core import GPU, GPU_MEMORY, MILLI_PER_GPU, Scheduler, TaskKey
+from gputask.core.budget import Overuse
 from gputask.core.fit import Filter
 from gputask.core.flavors import split_key
 
@@ -151,8 +153,25 @@ class OperatorMetrics:
             ["filter"],
             registry=r,
         )
+        self.over_budget = Gauge(
+            "gputask_task_gpu_memory_over_budget_bytes",
+            "GPU memory a running task's pods use on a GPU beyond what it reserved there, for tasks over their "
+            "budget (memoryBudget: beyond the reservation plus toleranceMiB); label gpu: the NVML index.",
+            ["namespace", "task", "node", "gpu"],
+            registry=r,
+        )
 
     _nodes: dict[str, tuple[object, int, tuple[str, ...]]]
+
+    def refresh_budgets(self, over: Mapping[TaskKey, tuple[Overuse, ...]], scheduler: Scheduler) -> None:
+        """Set the over-budget series from the tasks over budget that still run (one per task and GPU)."""
+        self.over_budget.clear()
+        for key, found in over.items():
+            if key not in scheduler.running:
+                continue
+            namespace, _, name = str(key).partition("/")
+            for o in found:
+                self.over_budget.labels(namespace, name, o.node, str(o.index)).set(o.over_mib * MIB)
 
     def refresh(self, scheduler: Scheduler, *, waiting: bool = True) -> None:
         """Set the gauges from the scheduler's state (after a cycle). ``waiting`` False skips the series that read

@@ -408,7 +408,7 @@ def test_agent_gets_its_node_name_and_fake_gpus_on_kind(rendered: dict[str, list
     assert summary == {
         "image": ("gputask:e2e", "Never"),
         "args": ["agent", "--node-name", "$(NODE_NAME)", "--metrics-port", "9401", "--metrics-bind-address", "0.0.0.0",
-                 "--fake-gpus", "2x24Gi"],
+                 "--fake-gpus", "2x24Gi", "--pod-resources-socket", ""],
         "node_name": {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         "nodeSelector": {"gputask.io/fake-gpus": "true"},
         "runtimeClassName": None,
@@ -429,7 +429,9 @@ def test_agent_with_a_runtime_class_sees_all_gpus_without_requesting_them(helm: 
 
 
 def test_pods_run_restricted(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    """Operator and agent pods run non-root, read-only, unescalated, without capabilities or host access."""
+    """Operator pods, and agent pods with fake GPUs, run non-root, read-only, unescalated, without capabilities or
+    host access; the agent on real GPUs adds only uid 0 (for the kubelet's socket), hostPID and that socket's
+    directory, read-only."""
     seen = {}
     for name, objects in rendered.items():
         for obj in objects:
@@ -437,15 +439,55 @@ def test_pods_run_restricted(rendered: dict[str, list[dict[str, Any]]]) -> None:
                 continue
             pod = obj["spec"]["template"]["spec"]
             host = sorted(k for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k))
-            host += [v["name"] for v in pod.get("volumes", []) if "hostPath" in v]
+            host += [(v["name"], v["hostPath"]["path"]) for v in pod.get("volumes", []) if "hostPath" in v]
+            mounts = [(m["name"], m.get("readOnly")) for c in pod["containers"] for m in c["volumeMounts"]]
             seen[(name, obj["kind"])] = (
                 pod["securityContext"]["runAsNonRoot"],
                 pod["securityContext"]["seccompProfile"],
                 [c["securityContext"] for c in pod["containers"]],
                 host,
+                mounts,
             )
-    expected = (True, {"type": "RuntimeDefault"}, [RESTRICTED_CONTAINER], [])
-    assert seen == {key: expected for key in seen} and len(seen) == 2 * len(CI_VALUES)
+    restricted = (True, {"type": "RuntimeDefault"}, [RESTRICTED_CONTAINER], [], [("tmp", None)])
+    operator = (True, {"type": "RuntimeDefault"}, [RESTRICTED_CONTAINER], [], [("config", True), ("tmp", None)])
+    real_agent = (
+        True,
+        {"type": "RuntimeDefault"},
+        [RESTRICTED_CONTAINER | {"runAsUser": 0, "runAsNonRoot": False}],
+        ["hostPID", ("pod-resources", "/var/lib/kubelet/pod-resources")],
+        [("tmp", None), ("pod-resources", True)],
+    )
+    expected = {
+        (name, kind): operator if kind == "Deployment" else restricted if name.startswith("kind-fake") else real_agent
+        for name, kind in seen
+    }
+    assert seen == expected and len(seen) == 2 * len(CI_VALUES)
+
+
+def test_the_agent_reads_pod_resources_and_host_pids_by_default_and_each_can_be_turned_off(helm: str) -> None:
+    """By default the agent mounts the kubelet's pod-resources directory read-only, reads its socket as uid 0 and
+    runs with hostPID (--host-pid); with both values off it passes an empty socket and is restricted again."""
+
+    def agent(*sets: str) -> tuple[Any, ...]:
+        pod = find(helmtool.render(helm, sets=list(sets)), "DaemonSet", "gputask-agent")["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        args = container["args"]
+        socket = args[args.index("--pod-resources-socket") + 1]
+        volumes = [v for v in pod["volumes"] if "hostPath" in v]
+        return socket, "--host-pid" in args, pod.get("hostPID"), volumes, container["securityContext"].get("runAsUser")
+
+    assert [agent(), agent("agent.podResources.enabled=false", "agent.hostPID=false"),
+            agent("agent.podResources.hostPath=/var/lib/k0s/kubelet/pod-resources")] == [
+        ("/var/lib/kubelet/pod-resources/kubelet.sock", True, True,
+         [{"name": "pod-resources",
+           "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "DirectoryOrCreate"}}],
+         0),
+        ("", False, None, [], None),
+        ("/var/lib/k0s/kubelet/pod-resources/kubelet.sock", True, True,
+         [{"name": "pod-resources",
+           "hostPath": {"path": "/var/lib/k0s/kubelet/pod-resources", "type": "DirectoryOrCreate"}}],
+         0),
+    ]
 
 
 # -- RBAC ----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gputask.agent import FakeProbe, GpuReading, NodeReading, NvmlProbe, fake_uuid
+from gputask.agent.attribution import HOST_PID_MESSAGE
 from gputask.agent.report import Reporter
 from gputask.k8s.client import GPUNODES, GPUTASKS, JOBS, NotFound
 from harness import Cluster, add_ready_node, eventually, gputask, gputask_command, running_operator
@@ -75,7 +76,10 @@ async def test_agent_reports_gpus_and_the_operator_places_a_task_on_them(cluster
         assert (owners, status) == (
             [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]}],
             {"gpus": [a10(0, U0), a10(1, U1)], "driverVersion": "fake", "cudaVersion": "fake",
-             "summary": "2x NVIDIA-A10 (48Gi)"},
+             "summary": "2x NVIDIA-A10 (48Gi)",
+             "podResources": {"available": False, "reason": "Disabled",
+                              "message": "the agent was started without a PodResources socket", "pods": []},
+             "processMemory": {"available": False, "reason": "HostPIDDisabled", "message": HOST_PID_MESSAGE}},
         )
         async with running_operator(cluster):
             await cluster.submit(gputask("train", gpuMemory="12Gi"))

@@ -3,7 +3,8 @@
 These tests run only where NVML initialises (a machine with an NVIDIA driver and
 ``nvidia-ml-py``); everywhere else each one is skipped with the reason. They check what the
 fake-probe tests cannot: that :class:`~gputask.agent.NvmlProbe` reads the same devices as
-``nvidia-smi``, that memory held by a process gputask did not start shows up in the reading,
+``nvidia-smi``, the same compute processes and per-process memory as ``nvidia-smi
+--query-compute-apps``, that memory held by a process gputask did not start shows up in the reading,
 and that the ``gputask agent`` command on the real device, the emulator and the real operator
 keep a task off memory another process holds.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -141,6 +143,47 @@ def test_memory_another_process_holds_shows_in_the_reading_and_goes_away(real_gp
         held = _wait_used(0, lambda used: used >= baseline + 8192)
     after = _wait_used(0, lambda used: used <= baseline + 256)
     assert (8192 <= held - baseline <= 8192 + 2048, after <= baseline + 256) == (True, True), (baseline, held, after)
+
+
+@contextlib.contextmanager
+def memory_held_by(mib: int, index: int = 0) -> Iterator[int]:
+    """Like :func:`memory_held`, and yields the holder's PID."""
+    module = _allocator()
+    if module is None:
+        pytest.skip("neither torch nor cupy with CUDA is installed to hold GPU memory from another process")
+    code = HOLDER[module].format(mib=mib, index=index)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "held", f"{module} could not hold {mib} MiB on GPU {index}"
+        yield proc.pid
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def test_per_process_memory_matches_nvidia_smi_and_the_holder_is_found(real_gpu: None) -> None:
+    """NvmlProbe(processes=True) lists the same compute processes and MiB as nvidia-smi --query-compute-apps
+    (1 MiB apart at most), the holder of 4 GiB among them with 4096 MiB plus its CUDA context, and its cgroup
+    names the same pod (or none) as this test's own process, its parent."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        pytest.skip("nvidia-smi is not on the PATH")
+    from gputask.agent.processes import read_cgroup
+
+    with memory_held_by(4096) as pid:
+        time.sleep(1)
+        lines = subprocess.run([smi, "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, check=True).stdout.strip().splitlines()
+        with NvmlProbe(processes=True) as probe:
+            reading = probe.read()
+    smi_rows = sorted((u.strip(), int(p), int(m)) for u, p, m in (line.split(",") for line in lines if line.strip()))
+    ours = sorted((g.uuid, p.pid, p.used_mib) for g in reading.gpus for p in g.processes or ())
+    close = [a[:2] == b[:2] and b[2] is not None and abs(a[2] - b[2]) <= 1 for a, b in zip(smi_rows, ours, strict=True)]
+    holder = [p.used_mib for p in reading.gpus[0].processes or () if p.pid == pid]
+    assert (len(smi_rows) == len(ours), all(close), len(holder), 4096 <= (holder or [0])[0] <= 4096 + 2048,
+            read_cgroup(pid) == read_cgroup(os.getpid())) == (True, True, 1, True, True), (smi_rows, ours)
 
 
 @contextlib.asynccontextmanager

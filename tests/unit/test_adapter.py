@@ -393,3 +393,39 @@ async def test_a_queue_finalizer_patch_refused_as_stale_is_not_retried_until_a_n
     await parts.executor.keep_queue_finalizers()
     finalizers = (await parts.client.get(GPUCLUSTERQUEUES, "q"))["metadata"].get("finalizers")
     assert (len(queue_writes()), finalizers) == (2, ["gputask.io/queue-in-use"])
+
+
+async def test_gpunode_conditions_say_whether_the_kubelets_device_assignments_are_read() -> None:
+    """The agent's podResources becomes PodResourcesAvailable beside Accepted (written together, by the operator);
+    turning False posts one Warning Event, a deliberately disabled read none, and an unchanged report no write."""
+    parts = Parts()
+    inventory, now = parts.controller.inventory, time.time()
+
+    async def report(available: bool, reason: str, message: str) -> None:
+        status = {"gpus": [GPU0], "heartbeatTime": _now(),
+                  "podResources": {"available": available, "reason": reason, "message": message, "pods": []}}
+        inventory.on_gpunode(await parts.client.patch(GPUNODES, "node-a", {"status": status}, status=True), now)
+
+    def writes() -> int:
+        return len([c for c in parts.client.calls if c[:2] == ("patch-status", "gpunodes")])
+
+    def conditions() -> list[tuple[str, str, str]]:
+        stored = parts.client.all(GPUNODES)[0].get("status") or {}
+        return [(c["type"], c["status"], c["reason"]) for c in stored.get("conditions") or []]
+
+    def warnings() -> list[str]:
+        return [e["reason"] for e in parts.client.all(EVENTS, "default") if e.get("type") == "Warning"]
+
+    seen = []
+    for available, reason in ((True, "Listed"), (True, "Listed"), (False, "SocketNotFound"), (False, "Disabled")):
+        await report(available, reason, "m")
+        before = writes()
+        await parts.executor.report_gpunodes()
+        seen.append((conditions(), warnings(), writes() - before))
+    accepted = ("Accepted", "True", "Sound")
+    assert seen == [
+        ([accepted, ("PodResourcesAvailable", "True", "Listed")], [], 1),
+        ([accepted, ("PodResourcesAvailable", "True", "Listed")], [], 0),
+        ([accepted, ("PodResourcesAvailable", "False", "SocketNotFound")], ["PodResourcesUnavailable"], 1),
+        ([accepted, ("PodResourcesAvailable", "False", "Disabled")], ["PodResourcesUnavailable"], 1),
+    ]

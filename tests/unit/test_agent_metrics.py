@@ -132,6 +132,9 @@ def test_agent_command_without_nvml_exits_2(monkeypatch: pytest.MonkeyPatch, tmp
     the same line as its container's termination message (what kubectl describe pod shows)."""
 
     class NoNvml:
+        def __init__(self, **_: object) -> None:
+            pass
+
         def open(self) -> None:
             raise ProbeUnavailable(f"NVML could not initialise: Driver Not Loaded. {NVML_HINT}")
 

@@ -26,6 +26,7 @@ from gputask.agent import (
 )
 from gputask.agent.fake import FakeGpu
 from gputask.agent.probe import NVML_HINT, cuda_version_text, product_name
+from gputask.agent.processes import ProcessUse
 
 REPO = Path(__file__).resolve().parents[2]
 pynvml = pytest.importorskip("pynvml")  # only for its real error classes and constants
@@ -136,6 +137,8 @@ class FakeDevice:
     reserved: int = 0  # bytes the driver keeps; v1 counts them as used, v2 apart
     events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
     errors: dict[str, Exception] = field(default_factory=dict)
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes or None) with a context
+    mps: list[tuple[int, int | None]] | None = None  # MPS clients; None: the MPS list is not supported
 
 
 class FakeNvml:
@@ -192,6 +195,20 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
         return self._device(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        device = self._device(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in device.processes]
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[SimpleNamespace]:
+        device = self._device(handle, "nvmlDeviceGetComputeRunningProcesses_v2")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in device.processes]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        device = self._device(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+        if device.mps is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in device.mps]
 
     def nvmlDeviceGetName(self, handle: int) -> str:
         return self._device(handle, "nvmlDeviceGetName").name
@@ -400,7 +417,7 @@ def test_capture_script_writes_the_reading_as_json(monkeypatch: pytest.MonkeyPat
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    monkeypatch.setattr(script, "NvmlProbe", lambda: NvmlProbe(nvml=FakeNvml(two_gpus())))
+    monkeypatch.setattr(script, "NvmlProbe", lambda **kw: NvmlProbe(nvml=FakeNvml(two_gpus()), **kw))
     out = tmp_path / "reading.json"
     code = script.main(["--output", str(out)])
     data = json.loads(out.read_text())
@@ -418,6 +435,7 @@ def test_capture_script_writes_the_reading_as_json(monkeypatch: pytest.MonkeyPat
             "healthy": True,
             "reason": "",
             "mig": None,
+            "processes": [],
         },
         {"0": True, "1": True},
         {
@@ -471,3 +489,44 @@ def test_memory_v2_not_supported_falls_back_to_v1_and_other_v2_errors_mark_the_d
         True,
     )  # 512 MiB + 1 byte held + 256 reserved, rounded up
     assert (a100.healthy, a100.reason) == (False, "nvmlDeviceGetMemoryInfo_v2: GPU is lost")
+
+
+# -- processes and MIG devices --------------------------------------------------------------------
+
+
+def test_nvml_lists_compute_and_mps_processes_merged_by_pid() -> None:
+    """Compute and MPS client processes merge by PID, MiB rounded up; NVML's 'not available' stays None."""
+    devices = two_gpus()
+    devices[0].processes = [(200, GIB + 1), (100, None)]
+    devices[0].mps = [(300, 512 * MIB), (200, GIB + 1)]
+    reading = NvmlProbe(nvml=FakeNvml(devices), processes=True).read()
+    assert [g.processes for g in reading.gpus] == [
+        (ProcessUse(100, None), ProcessUse(200, 1025), ProcessUse(300, 512)),
+        (),
+    ]
+
+
+def test_nvml_process_lists_fall_back_to_v2_and_say_why_when_unreadable() -> None:
+    """Without the v3 entry point v2 is asked; unsupported or failing lists give None with the reason and leave
+    the device healthy; a probe not asked for processes never lists them."""
+    devices = two_gpus()
+    devices[0].processes = [(7, MIB)]
+    devices[0].errors["nvmlDeviceGetComputeRunningProcesses"] = nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    devices[1].errors["nvmlDeviceGetComputeRunningProcesses"] = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    nvml = FakeNvml(devices)
+    probe = NvmlProbe(nvml=nvml, processes=True)
+    reading = probe.read()
+    plain = NvmlProbe(nvml=FakeNvml(two_gpus())).read()
+    listed = [(g.processes, g.healthy) for g in reading.gpus]
+    assert (listed, probe.process_errors, [g.processes for g in plain.gpus]) == (
+        [((ProcessUse(7, 1),), True), (None, True)],
+        {1: "nvmlDeviceGetComputeRunningProcesses: GPU is lost"},
+        [None, None],
+    )
+
+
+def test_fake_probe_reports_the_processes_tests_set() -> None:
+    """FakeProbe.set_processes lists (pid, MiB) processes on a device; None lists none."""
+    probe = FakeProbe.from_spec("2x8Gi", node_name="n")
+    probe.set_processes(1, [(42, 100), (43, None)])
+    assert [g.processes for g in probe.read().gpus] == [None, (ProcessUse(42, 100), ProcessUse(43, None))]

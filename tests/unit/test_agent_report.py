@@ -14,6 +14,7 @@ import pytest
 
 import crdschema
 from gputask.agent import FakeProbe, GpuReading, NodeReading, ProbeError, fake_uuid
+from gputask.agent.attribution import HOST_PID_MESSAGE
 from gputask.agent.report import MIG_REASON, Reporter, device_view, gpu_summary, gpunode_status
 from gputask.k8s.client import AlreadyExists, ApiError, NotFound, Resource
 from gputask.manifests.convert import node_from_gpunode, reported_used_mib
@@ -109,10 +110,19 @@ def gpu(index: int, uuid: str, used: str = "0Mi", healthy: bool = True, reason: 
     }
 
 
+NO_ATTRIBUTION = {
+    "podResources": {"available": False, "reason": "Disabled",
+                     "message": "the agent was started without a PodResources socket", "pods": []},
+    "processMemory": {"available": False, "reason": "HostPIDDisabled", "message": HOST_PID_MESSAGE},
+}
+"""What a reporter without a PodResources socket and without the host's PID namespace says of GPU users."""
+
+
 def status(*gpus: dict[str, Any], at: str = "2026-11-29T12:00:00Z") -> dict[str, Any]:
-    """A whole GPUNode status from the fake probe (its GPUs are all 24Gi A10s)."""
+    """A whole GPUNode status from the fake probe (its GPUs are all 24Gi A10s), with no attribution."""
     summary = f"{len(gpus)}x NVIDIA-A10 ({24 * len(gpus)}Gi)"
-    return {"gpus": list(gpus), "driverVersion": "fake", "cudaVersion": "fake", "heartbeatTime": at, "summary": summary}
+    return {"gpus": list(gpus), "driverVersion": "fake", "cudaVersion": "fake", "heartbeatTime": at, "summary": summary,
+            **NO_ATTRIBUTION}
 
 
 OWNER = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE_UID}
@@ -372,6 +382,7 @@ async def test_malformed_readings_never_crash_the_reporter() -> None:
             "cudaVersion": "12",
             "heartbeatTime": "2026-11-29T12:00:00Z",
             "summary": "1x NVIDIA-A10 (24Gi)",
+            **NO_ATTRIBUTION,
         },
     )
 

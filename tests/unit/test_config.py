@@ -51,7 +51,19 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "apiConcurrency": 16,
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+        "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
     }
+
+
+def test_memory_budget_takes_warn_or_evict_and_a_non_negative_tolerance(tmp_path: Path) -> None:
+    """memoryBudget reads Evict and a tolerance; another action or a negative tolerance is refused by name."""
+    loaded = load(tmp_path, "memoryBudget: {action: Evict, toleranceMiB: 256}\n").memory_budget
+    assert ((loaded.action, loaded.tolerance_mib), load_error(tmp_path, "memoryBudget: {action: Kill}\n"),
+            load_error(tmp_path, "memoryBudget: {toleranceMiB: -1}\n")) == (
+        ("Evict", 256),
+        "FILE: invalid configuration:\n  memoryBudget.action: Input should be 'Warn' or 'Evict'",
+        "FILE: invalid configuration:\n  memoryBudget.toleranceMiB: Input should be greater than or equal to 0",
+    )
 
 
 def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
@@ -85,6 +97,7 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "apiConcurrency": 16,
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+        "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
     }
 
 

@@ -83,8 +83,8 @@ def test_index_follows_pod_events_and_reports_changed_nodes() -> None:
     assert (changes, index.by_node, index.node_of) == (
         ["node-a", None, "node-b", "node-a", "node-a"],
         {
-            "node-b": {"p2": ForeignPod(GpuClaim(devices=("GPU-9",)), Requests())},
-            "node-a": {"p3": ForeignPod(None, Requests())},
+            "node-b": {"p2": ForeignPod(GpuClaim(devices=("GPU-9",)), Requests(), "default", "p2")},
+            "node-a": {"p3": ForeignPod(None, Requests(), "default", "p3")},
         },
         {"p2": "node-b", "p3": "node-a"},
     )
@@ -114,3 +114,34 @@ def test_counted_gpus_prefer_reported_foreign_use_then_idle_then_ours() -> None:
         occupied_gpus(busy, [GpuClaim(count=4)], {0, 1}),
         occupied_gpus(busy, [GpuClaim(count=9)], set()),
     ] == [{3}, {1, 3}, {0, 1, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}]
+
+
+# -- MIG devices ------------------------------------------------------------------------------
+A100 = "NVIDIA-A100-SXM4-40GB"
+MIG_NODE = Node(NodeName("node-m"), (
+    Gpu(0, "GPU-0", A100, 40960, healthy=False),  # in MIG mode
+    Gpu(1, "GPU-1", A100, 40960),
+    Gpu(100, "MIG-a", f"{A100}-MIG-1g.5gb", 4864),
+    Gpu(101, "MIG-b", f"{A100}-MIG-1g.5gb", 4864),
+    Gpu(102, "MIG-c", f"{A100}-MIG-2g.10gb", 9984),
+))
+
+
+def test_mig_resources_are_read_per_profile() -> None:
+    """nvidia.com/mig-<profile> requests are counted per profile, beside nvidia.com/gpu, with the kubelet's rules."""
+    mig = {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.5gb": 2, "nvidia.com/gpu": 1}}}
+    init = {"name": "i", "resources": {"requests": {"nvidia.com/mig-2g.10gb": "1"}}}
+    assert claim_of({"initContainers": [init], "containers": [mig, mig]}) == GpuClaim(
+        count=2, mig=(("1g.5gb", 4), ("2g.10gb", 1))
+    )
+
+
+def test_counted_mig_devices_are_of_their_profile_and_gpus_never_in_mig_mode() -> None:
+    """A MIG count takes MIG devices of its profile (ours last); an nvidia.com/gpu count never takes the GPU in
+    MIG mode; 'GPU:MIG' names a MIG device as NVIDIA_VISIBLE_DEVICES does."""
+    assert [
+        occupied_gpus(MIG_NODE, [GpuClaim(mig=(("1g.5gb", 1),))], {100}),
+        occupied_gpus(MIG_NODE, [GpuClaim(mig=(("2g.10gb", 2),))], set()),
+        occupied_gpus(MIG_NODE, [GpuClaim(count=2)], {1}),
+        occupied_gpus(MIG_NODE, [GpuClaim(devices=("0:1",))], set()),
+    ] == [{101}, {102}, {100, 101}, {101}]

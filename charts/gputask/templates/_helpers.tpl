@@ -99,4 +99,7 @@ podStartTimeout: {{ toYaml $c.podStartTimeout }}
 apiConcurrency: {{ toYaml $c.apiConcurrency }}
 fairSharing:
   preemptionStrategies: {{ toJson $c.fairSharing.preemptionStrategies }}
+memoryBudget:
+  action: {{ toYaml $c.memoryBudget.action }}
+  toleranceMiB: {{ toYaml $c.memoryBudget.toleranceMiB }}
 {{- end }}

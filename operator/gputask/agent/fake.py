@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from gputask.agent.errors import FakeSpecError, ProbeError
 from gputask.agent.probe import GpuReading, NodeReading
+from gputask.agent.processes import ProcessUse
 
 DEFAULT_PRODUCT = "Fake-GPU"
 MAX_FAKE_GPUS = 64
@@ -95,6 +96,13 @@ class FakeProbe:
         """Report ``used_mib`` in use on device ``index`` (as foreign processes would)."""
         with self._lock:
             self._gpus[index] = replace(self._gpus[index], memory_used_mib=used_mib)
+
+    def set_processes(self, index: int, processes: Sequence[tuple[int, int | None]] | None) -> None:
+        """Report compute processes on device ``index`` as ``(host pid, MiB or None)`` (None: not listed), as
+        NVML would for an agent asked to list them; their cgroups come from the reporter's proc root."""
+        listed = None if processes is None else tuple(ProcessUse(pid, mib) for pid, mib in processes)
+        with self._lock:
+            self._gpus[index] = replace(self._gpus[index], processes=listed)
 
     def set_health(self, index: int, healthy: bool, reason: str = "") -> None:
         """Mark device ``index`` healthy or not, with ``reason`` (e.g. ``"XID 79"``)."""

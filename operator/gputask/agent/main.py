@@ -18,6 +18,7 @@ import sys
 from gputask.agent.errors import AgentError
 from gputask.agent.fake import FakeProbe
 from gputask.agent.metrics import DEFAULT_METRICS_PORT, start_http
+from gputask.agent.podresources import PodResourcesClient
 from gputask.agent.probe import GpuProbe, NvmlProbe
 from gputask.agent.report import Reporter
 from gputask.config import parse_duration
@@ -49,11 +50,12 @@ def termination_message(text: str, path: str | None = None) -> bool:
     return True
 
 
-def build_probe(node_name: str, fake_gpus: str | None) -> GpuProbe:
-    """FakeProbe for a spec, else an opened NvmlProbe; AgentError when neither can start."""
+def build_probe(node_name: str, fake_gpus: str | None, *, processes: bool = False) -> GpuProbe:
+    """FakeProbe for a spec, else an opened NvmlProbe (listing GPU processes when ``processes``); AgentError
+    when neither can start."""
     if fake_gpus:
         return FakeProbe.from_spec(fake_gpus, node_name=node_name)
-    probe = NvmlProbe()
+    probe = NvmlProbe(processes=processes)
     probe.open()
     return probe
 
@@ -76,8 +78,14 @@ def cli_agent(
     metrics_port: int,
     kubeconfig: str | None,
     metrics_address: str = "0.0.0.0",
+    pod_resources_socket: str = "",
+    host_pid: bool = False,
 ) -> int:
-    """The ``gputask agent`` command; returns the exit code."""
+    """The ``gputask agent`` command; returns the exit code.
+
+    ``pod_resources_socket``: the kubelet's PodResources socket ("" = not read); ``host_pid``: the agent
+    runs in the host's PID namespace, so NVML's process IDs can be mapped to pods.
+    """
     try:
         node = _node_name(node_name)
         interval_s, heartbeat_s = (
@@ -86,7 +94,7 @@ def cli_agent(
         )
         if not 0 <= metrics_port <= 65535:
             raise UsageError(f"--metrics-port must be 0..65535, got {metrics_port}")
-        probe = build_probe(node, fake_gpus)
+        probe = build_probe(node, fake_gpus, processes=host_pid)
     except (UsageError, AgentError) as exc:
         print(f"gputask agent: {exc}", file=sys.stderr)
         termination_message(f"gputask agent: {exc}")
@@ -99,7 +107,9 @@ def cli_agent(
         probe.close()
         print(f"gputask agent: cannot load the Kubernetes configuration: {exc}", file=sys.stderr)
         return 2
-    reporter = Reporter(client, probe, node, interval_s=interval_s, heartbeat_s=heartbeat_s)
+    kubelet = PodResourcesClient(pod_resources_socket)
+    reporter = Reporter(client, probe, node, interval_s=interval_s, heartbeat_s=heartbeat_s, pod_resources=kubelet,
+                        host_pid=host_pid)
     try:
         asyncio.run(_serve(reporter, metrics_port, metrics_address))
     except OSError as exc:
@@ -108,6 +118,7 @@ def cli_agent(
         print(f"gputask agent: cannot serve metrics on {metrics_address} port {metrics_port}: {exc}", file=sys.stderr)
         return 2
     finally:
+        kubelet.close()
         probe.close()
     return 0
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from gputask.agent.errors import ProbeError, ProbeUnavailable
 from gputask.agent.mig import MIG_PERMISSION_HINT, MigInfo, mig_product, read_mig_devices
+from gputask.agent.processes import ProcessUse
 from gputask.core.model import mig_device_index
 
 log = logging.getLogger("gputask.agent")
@@ -49,7 +50,10 @@ class GpuReading:
     ``memory_total_mib`` is what tasks can allocate: NVML's total less the driver's reserve
     where the driver tells it (see :func:`_memory`); ``memory_used_mib`` is what processes hold.
     A MIG device (:mod:`gputask.agent.mig`) is a reading of its own with ``mig`` set, its index
-    from :func:`~gputask.agent.mig.mig_index` and its parent's product with ``-MIG-<profile>``.
+    from :func:`~gputask.core.model.mig_device_index` and its parent's product with ``-MIG-<profile>``.
+    ``processes``: the compute processes on it (host PIDs, MiB each), None when not read (the probe
+    was not asked to, NVML cannot list them here, or it is a MIG device: their processes are listed
+    under the GPU in MIG mode).
     """
 
     index: int
@@ -61,6 +65,7 @@ class GpuReading:
     healthy: bool = True
     reason: str = ""
     mig: MigInfo | None = None
+    processes: tuple[ProcessUse, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +122,14 @@ class NvmlProbe:
     """Reads devices through NVML; ``nvml`` replaces the ``pynvml`` module (tests inject a fake).
 
     ``events`` maps each device index to whether XID events are supported on it, once opened.
+    With ``processes`` each reading lists every device's compute processes (:func:`_processes`);
+    ``process_errors`` then holds, per device index, why its list could not be read at the last read.
     """
 
-    def __init__(self, *, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, *, nvml: ModuleType | Any | None = None, processes: bool = False) -> None:
         self._nvml = nvml
+        self.processes = processes
+        self.process_errors: dict[int, str] = {}
         self._lock = threading.Lock()
         self._opened = False
         self._event_set: Any = None
@@ -208,7 +217,8 @@ class NvmlProbe:
             return [self._failed_device(index, str(exc), **identity), *self._failed_mig(index, str(exc))]
         uuid, product = identity["uuid"], identity["product"]
         self._known[index] = _Known(uuid, product, total_mib)
-        gpu = GpuReading(index, uuid, product, total_mib, used_mib, mig_mode)
+        processes = self._processes_of(nvml, index, handle) if self.processes else None
+        gpu = GpuReading(index, uuid, product, total_mib, used_mib, mig_mode, processes=processes)
         if mig_mode != "Enabled":
             self._known_mig.pop(index, None)
             return [gpu]
@@ -237,6 +247,15 @@ class NvmlProbe:
         """The MIG devices last read under ``parent_index``, unhealthy with ``reason``."""
         known = self._known_mig.get(parent_index, ())
         return [replace(m, memory_used_mib=0, healthy=False, reason=reason) for m in known]
+
+    def _processes_of(self, nvml: Any, index: int, handle: Any) -> tuple[ProcessUse, ...] | None:
+        try:
+            found = _processes(nvml, handle)
+        except _QueryFailed as exc:
+            self.process_errors[index] = str(exc)
+            return None
+        self.process_errors.pop(index, None)
+        return found
 
     def _failed_device(self, index: int, reason: str, uuid: str = "", product: str = "") -> GpuReading:
         """The device as last known (what this read got first), unhealthy with ``reason``."""
@@ -384,6 +403,52 @@ def _memory(nvml: Any, handle: Any) -> tuple[int, int]:
             return (int(memory.total) - int(memory.reserved)) // MIB, -(-int(memory.used) // MIB)
     memory = _query(nvml, "nvmlDeviceGetMemoryInfo", handle)
     return int(memory.total) // MIB, -(-int(memory.used) // MIB)
+
+
+_PROCESS_LISTS = (
+    (("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"), True),
+    (("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2"), False),
+)
+
+
+def _processes(nvml: Any, handle: Any) -> tuple[ProcessUse, ...]:
+    """The compute processes on a device: host PID and MiB used (rounded up; None where NVML reports
+    NVML_VALUE_NOT_AVAILABLE, which pynvml turns into None), by PID.
+
+    ``nvmlDeviceGetComputeRunningProcesses`` (pynvml calls the v3 entry point) lists processes with a
+    CUDA context; ``usedGpuMemory`` is "all of the memory used by the application" (NVML reference).
+    Processes that are clients of an MPS server are listed by ``...MPSComputeRunningProcesses`` too;
+    both lists are merged by PID. Drivers without the v3 entry point (FunctionNotFound) are asked
+    through v2. On a GPU in MIG mode the parent device gives aggregate figures only to privileged
+    callers (NVML reference); what it gives is taken as it is. Raises _QueryFailed when the list
+    cannot be read.
+    """
+    found: dict[int, int | None] = {}
+    for names, required in _PROCESS_LISTS:
+        for process in _process_list(nvml, handle, names, required=required):
+            used = process.usedGpuMemory
+            mib = None if used is None else -(-int(used) // MIB)
+            pid = int(process.pid)
+            found[pid] = mib if found.get(pid) is None else found[pid]
+    return tuple(ProcessUse(pid, mib) for pid, mib in sorted(found.items()))
+
+
+def _process_list(nvml: Any, handle: Any, names: tuple[str, str], *, required: bool) -> list[Any]:
+    """One process list, through the first entry point the driver has; an optional list (MPS) the driver
+    does not support is empty."""
+    for name in names:
+        call = getattr(nvml, name, None)
+        if call is None:
+            continue
+        try:
+            return list(call(handle))
+        except _not_supported(nvml):
+            continue
+        except nvml.NVMLError as exc:
+            raise _QueryFailed(f"{name}: {exc}") from None
+    if required:
+        raise _QueryFailed(f"{names[0]}: not supported by this driver")
+    return []
 
 
 def _not_supported(nvml: Any) -> tuple[type[BaseException], ...]:

@@ -3,7 +3,9 @@
 One :meth:`Reporter.tick`:
 
 1. read the probe in a worker thread (a failure is counted and nothing is written, so the
-   heartbeat goes stale and the operator's ``heartbeatStaleAfter`` notices a dead probe);
+   heartbeat goes stale and the operator's ``heartbeatStaleAfter`` notices a dead probe), then
+   the kubelet's PodResources and the GPU processes' pods (:mod:`gputask.agent.attribution`;
+   either may be unavailable, which the report says, never a failed tick);
 2. normalise the reading into the device view (malformed entries dropped with a warning, a
    GPU in MIG mode reported unschedulable, its MIG devices schedulable, see :func:`device_view`);
 3. unless backing off: make sure the GPUNode exists (named after the Node, ownerReference to
@@ -11,8 +13,8 @@ One :meth:`Reporter.tick`:
 4. patch ``status`` when the view changed or the heartbeat is due.
 
 Used memory changes all the time; a change smaller than ``used_change_mib`` since the last
-patch does not count as a change (the next heartbeat carries it anyway), which keeps the
-write rate near one patch per heartbeat per node.
+patch (on a GPU, or of one pod on a GPU) does not count as a change (the next heartbeat carries
+it anyway), which keeps the write rate near one patch per heartbeat per node.
 
 API errors never escape: the reporter counts them, waits ``backoff_initial_s`` doubling up to
 ``backoff_max_s`` before the next API attempt, and keeps probing meanwhile.
@@ -23,15 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gputask.agent.attribution import Attribution, attribute, gpu_pods, moved, status_fields
 from gputask.agent.metrics import AgentMetrics
 from gputask.agent.mig import MigInfo
+from gputask.agent.podresources import DISABLED, PodResourcesClient, PodResourcesReading, unavailable
 from gputask.agent.probe import GpuProbe, GpuReading, NodeReading
+from gputask.agent.processes import read_cgroup
 from gputask.k8s.client import GPUNODES, NODES, AlreadyExists, KubeClient, NotFound
 
 log = logging.getLogger("gputask.agent")
@@ -39,6 +45,7 @@ log = logging.getLogger("gputask.agent")
 API_VERSION = "gputask.io/v1alpha1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gputask-agent"}
 MIG_REASON = "MIG mode is enabled; work runs on its MIG devices, reported as devices of their own"
+_NO_SOCKET: PodResourcesReading = unavailable(DISABLED, "the agent was started without a PodResources socket")
 
 
 def device_view(reading: NodeReading) -> NodeReading:
@@ -83,8 +90,9 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def gpunode_status(view: NodeReading, heartbeat: dt.datetime) -> dict[str, Any]:
-    """The GPUNode ``status`` for a device view (memory as ``<n>Mi`` quantities)."""
+def gpunode_status(view: NodeReading, heartbeat: dt.datetime, attribution: Attribution | None = None) -> dict[str, Any]:
+    """The GPUNode ``status`` for a device view (memory as ``<n>Mi`` quantities), with who uses the GPUs
+    when ``attribution`` is given (``gpus[i].pods``, ``podResources``, ``processMemory``)."""
     gpus = []
     for gpu in view.gpus:
         entry: dict[str, Any] = {"index": gpu.index, "uuid": gpu.uuid}
@@ -98,14 +106,18 @@ def gpunode_status(view: NodeReading, heartbeat: dt.datetime) -> dict[str, Any]:
         }
         if gpu.mig is not None:
             entry["mig"] = mig_status(gpu.mig)
+        pods = gpu_pods(attribution, gpu.index)
+        if pods is not None:
+            entry["pods"] = pods
         gpus.append(entry)
-    return {
+    status = {
         "gpus": gpus,
         "driverVersion": view.driver_version,
         "cudaVersion": view.cuda_version,
         "heartbeatTime": rfc3339(heartbeat),
         "summary": gpu_summary(view),
     }
+    return status | (status_fields(attribution) if attribution is not None else {})
 
 
 def mig_status(info: MigInfo) -> dict[str, Any]:
@@ -177,8 +189,12 @@ class Reporter:
         metrics: AgentMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        pod_resources: PodResourcesClient | None = None,
+        host_pid: bool = False,
+        proc_root: str = "/proc",
     ) -> None:
         self.client, self.probe, self.node_name = client, probe, node_name
+        self.pod_resources, self.host_pid, self.proc_root = pod_resources, host_pid, proc_root
         self.interval_s, self.heartbeat_s, self.used_change_mib = interval_s, heartbeat_s, used_change_mib
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.metrics = metrics or AgentMetrics(node_name)
@@ -187,6 +203,7 @@ class Reporter:
         self._owner_missing = False
         self._node_missing_said = False
         self._last_sent: NodeReading | None = None
+        self._last_sent_attribution: Attribution | None = None
         self._last_sent_at: float | None = None
         self._last_probe_ok_at: float | None = None
         self.failures = 0
@@ -206,14 +223,14 @@ class Reporter:
 
     async def tick(self) -> None:
         """Probe once and, unless backing off, bring the GPUNode up to date."""
-        view = await self._read()
-        if view is None:
+        read = await self._read()
+        if read is None:
             return
         now = self._clock()
         if now < self.retry_at:
             return
         try:
-            await self._sync(view, now)
+            await self._sync(*read, now)
         except Exception as exc:  # API errors and anything unexpected alike: back off, keep going
             self._api_failed(exc, now)
             return
@@ -226,7 +243,7 @@ class Reporter:
 
     # -- steps -----------------------------------------------------------------------------
 
-    async def _read(self) -> NodeReading | None:
+    async def _read(self) -> tuple[NodeReading, Attribution] | None:
         try:
             reading = await asyncio.to_thread(self.probe.read)
             if not isinstance(reading, NodeReading):
@@ -238,15 +255,27 @@ class Reporter:
             return None
         self._last_probe_ok_at = self._clock()
         self.metrics.observe(view)
-        return view
+        try:
+            attribution = await asyncio.to_thread(self._attribute, view)
+        except Exception:  # a bug here must not stop the device report: say so, report without it
+            log.exception("attributing GPUs to pods failed")
+            failed = unavailable("Failed", "the agent failed to attribute GPUs to pods (see its log)")
+            attribution = attribute(view, failed, host_pid=False, lookup=lambda _: None)
+        return view, attribution
 
-    async def _sync(self, view: NodeReading, now: float) -> None:
+    def _attribute(self, view: NodeReading) -> Attribution:
+        """Who uses the GPUs of ``view``: one PodResources List, one cgroup read per GPU process (blocking)."""
+        listed = self.pod_resources.list() if self.pod_resources is not None else _NO_SOCKET
+        lookup = functools.partial(read_cgroup, proc_root=self.proc_root)
+        return attribute(view, listed, host_pid=self.host_pid, lookup=lookup)
+
+    async def _sync(self, view: NodeReading, attribution: Attribution, now: float) -> None:
         if not self._exists:
             await self._ensure_gpunode()
         elif self._owner_missing:
             await self._adopt()
-        if self._due(view, now):
-            await self._patch_status(view, now)
+        if self._due(view, attribution, now):
+            await self._patch_status(view, attribution, now)
 
     async def _ensure_gpunode(self) -> None:
         try:
@@ -293,28 +322,31 @@ class Reporter:
             self._exists = False  # deleted under us: recreate at the next attempt
             raise
 
-    def _due(self, view: NodeReading, now: float) -> bool:
+    def _due(self, view: NodeReading, attribution: Attribution, now: float) -> bool:
         if self._last_sent is None or self._last_sent_at is None:
+            return True
+        if moved(self._last_sent_attribution, attribution, self.used_change_mib):
             return True
         return now - self._last_sent_at >= self.heartbeat_s or self._changed(self._last_sent, view)
 
     def _changed(self, old: NodeReading, new: NodeReading) -> bool:
         def fixed(r: NodeReading) -> tuple[Any, ...]:
-            return (r.driver_version, r.cuda_version, tuple(replace(g, memory_used_mib=0) for g in r.gpus))
+            gpus = tuple(replace(g, memory_used_mib=0, processes=None) for g in r.gpus)  # processes: attribution
+            return (r.driver_version, r.cuda_version, gpus)
 
         if fixed(old) != fixed(new):
             return True
         moved = (abs(a.memory_used_mib - b.memory_used_mib) for a, b in zip(old.gpus, new.gpus, strict=True))
         return any(delta and delta >= self.used_change_mib for delta in moved)
 
-    async def _patch_status(self, view: NodeReading, now: float) -> None:
-        status = gpunode_status(view, self._wall_clock())
+    async def _patch_status(self, view: NodeReading, attribution: Attribution, now: float) -> None:
+        status = gpunode_status(view, self._wall_clock(), attribution)
         try:
             await self.client.patch(GPUNODES, self.node_name, {"status": status}, status=True)
         except NotFound:
             self._exists = False
             raise
-        self._last_sent, self._last_sent_at = view, now
+        self._last_sent, self._last_sent_at, self._last_sent_attribution = view, now, attribution
 
     def _api_failed(self, exc: Exception, now: float) -> None:
         self.failures += 1

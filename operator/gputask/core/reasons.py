@@ -45,6 +45,7 @@ class Reason(StrEnum):
     NODE_FAILURE = "NodeFailure"
     GPU_FAILURE = "GPUFailure"
     MAX_RESCHEDULES_EXCEEDED = "MaxReschedulesExceeded"
+    GPU_MEMORY_EXCEEDED = "GPUMemoryExceeded"
 
 
 class Wait(NamedTuple):

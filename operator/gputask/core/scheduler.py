@@ -21,9 +21,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gputask.core.budget import EVICT, GPU_MEMORY_EXCEEDED, MemoryBudget, Overuse, overuse_text, overuses
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.failures import MAX_RESCHEDULES_EXCEEDED, FailureNotice
 from gputask.core.flavors import Flavor, holds, ineligible, variant
@@ -90,7 +91,8 @@ class Pending:
 class Evict:
     """Evict running ``task`` from ``placement``; it is requeued in its old place.
 
-    ``reason`` is Preempted, NodeFailure, GPUFailure or QueueDrained; ``by`` names the preemptor.
+    ``reason`` is Preempted, NodeFailure, GPUFailure, QueueDrained or GPUMemoryExceeded (and the adapter's
+    own: JobDeleted, PodsNotStarting, PlacementConflict); ``by`` names the preemptor.
     ``held`` is the key under which the evicted workload keeps its GPUs (what a nominated
     preemptor did not take) until the adapter reports it gone with :meth:`Scheduler.finish`; a
     report, left out of equality.
@@ -144,8 +146,10 @@ class Scheduler:
         node_failure_grace_s: float = 60.0,
         preemption_strategies: Sequence[str] = DEFAULT_STRATEGIES,
         tracked_positions: int = TRACKED_POSITIONS,
+        memory_budget: MemoryBudget | None = None,
     ) -> None:
         self.policy = policy or make_policy(DEFAULT_POLICY)
+        self.memory_budget = memory_budget or MemoryBudget()
         self.strategies = strategies_of(preemption_strategies)
         self.tracked_positions = tracked_positions  # heads of each queue whose position changes are reported
         self.cluster = ClusterState()
@@ -283,6 +287,21 @@ class Scheduler:
             return
         self.requeue(key)
         self._carry.append(Evict(entry.task, entry.placement, reason, message, held=self._hold_departing(entry)))
+
+    def memory_used(self, key: TaskKey, used_by_index: Mapping[int, int]) -> tuple[Overuse, ...] | None:
+        """Judge a running task's GPU memory use (MiB per GPU index of its node, what its pods use) against its
+        placement (:mod:`gputask.core.budget`); returns its overuses, or None when it is not running (nothing
+        to judge). With the Evict action an overusing task is evicted (GPUMemoryExceeded, counted against
+        maxReschedules); the next cycle emits the Evict."""
+        entry = self.ledger.running.get(key)
+        if entry is None:
+            return None
+        budget = self.memory_budget
+        found = overuses(entry.placement, used_by_index, budget.tolerance_mib)
+        if found and budget.action == EVICT:
+            message = f"uses more GPU memory than it reserved: {overuse_text(found, budget.tolerance_mib)}"
+            self.evict(key, GPU_MEMORY_EXCEEDED, message, failure=True)
+        return found
 
     def _hold_departing(self, entry: Entry) -> TaskKey | None:
         """Keep what an evicted workload still uses (its pods run until its Job is gone) under a new key."""

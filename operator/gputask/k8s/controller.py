@@ -23,6 +23,7 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidTaskError, Placement, Scheduler, Task, TaskKey, make_policy, task_key
+from gputask.core.budget import MemoryBudget, Overuse, overuse_text
 from gputask.core.reasons import Reason
 from gputask.k8s.foreign import ForeignPods
 from gputask.k8s.inventory import Inventory
@@ -30,6 +31,7 @@ from gputask.k8s.jobs import (
     ATTEMPT_ANNOTATION,
     FLAVOR_ANNOTATION,
     PLACEMENT_ANNOTATION,
+    TASK_LABEL,
     TASK_UID_ANNOTATION,
     parse_placement,
 )
@@ -47,6 +49,7 @@ from gputask.k8s.tasks import (
     TaskRecord,
     status_behind,
 )
+from gputask.k8s.usage import pod_memory
 from gputask.manifests import convert
 
 log = logging.getLogger("gputask.controller")
@@ -84,8 +87,9 @@ class JobRecord:
 class Report:
     """Something the loop must publish about a task: ``kind`` is invalid, blocked, spec-ignored,
     deprecated-queue (``detail`` = the GPUClusterQueue it names directly),
-    finished (``detail`` = outcome), running, restored (``detail`` = message), delete-job, or
-    stray-job (``detail`` = the Job to delete: a second live Job of the task)."""
+    finished (``detail`` = outcome), running, restored (``detail`` = message), delete-job,
+    stray-job (``detail`` = the Job to delete: a second live Job of the task), over-budget or
+    within-budget (``detail`` = message: its pods' GPU memory against its reservation)."""
 
     kind: str
     record: TaskRecord
@@ -141,13 +145,17 @@ class Controller:
 
     def reset(self) -> None:
         """Forget everything but the configuration and the foreign-pod index (before a rebuild)."""
+        budget = self.config.memory_budget
         self.scheduler = Scheduler(
             policy=make_policy(self.config.policy),
             node_failure_grace_s=self.config.node_failure_grace_period_s,
             preemption_strategies=self.config.fair_sharing.preemption_strategies,
             tracked_positions=self.config.queue_positions_tracked,
+            memory_budget=MemoryBudget(budget.action, budget.tolerance_mib),
         )
-        self.inventory = Inventory(self.scheduler, self.config, self.foreign)
+        self.task_pods: dict[str, str] = {}  # pod uid -> Job key, for the pods of our Jobs (not finished)
+        self.over_budget: dict[TaskKey, tuple[Overuse, ...]] = {}  # running tasks over their GPU memory budget
+        self.inventory = Inventory(self.scheduler, self.config, self.foreign, our_pods=self.task_pods)
         self.local_queues = LocalQueues()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.by_uid: dict[str, TaskRecord] = {}
@@ -196,6 +204,7 @@ class Controller:
     def on_task_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of one of our Jobs changed: Running once it runs; remember why it cannot be scheduled."""
         job = self._job_of_pod(pod)
+        self._note_task_pod(pod, job, deleted)
         if job is None:
             return
         record = self.by_uid.get(job.task_uid)
@@ -212,6 +221,77 @@ class Controller:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
                 name = (pod.get("metadata") or {}).get("name")
                 self.pod_problems[job.key] = f"pod {name} is {cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+
+    def _note_task_pod(self, pod: Mapping[str, Any], job: JobRecord | None, deleted: bool) -> None:
+        """Keep :attr:`task_pods` (the pods whose GPU memory is gputask's own); a node whose set changed is
+        recounted (its memory moves between ours and foreign)."""
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        uid = str(meta.get("uid") or "")
+        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if not uid:
+            return
+        before = self.task_pods.get(uid)
+        if deleted or finished or job is None:
+            self.task_pods.pop(uid, None)
+        else:
+            self.task_pods[uid] = job.key
+        node = spec.get("nodeName")
+        if before != self.task_pods.get(uid) and isinstance(node, str) and node in self.inventory.gpunodes:
+            self.inventory.refresh_node(node, time.time())
+
+    # -- GPU memory budgets -------------------------------------------------------------------------
+    def on_gpunode(self, obj: Mapping[str, Any], now: float, deleted: bool = False) -> None:
+        """A GPUNode changed: the inventory takes its GPUs; the memory its agent reports per pod is judged
+        against our tasks' reservations (:meth:`judge_memory`)."""
+        self.inventory.on_gpunode(obj, now, deleted)
+        name = (obj.get("metadata") or {}).get("name")
+        if not deleted and isinstance(name, str):
+            self.judge_memory(name, obj.get("status"))
+
+    def judge_memory(self, node: str, status: Any) -> None:
+        """Sum each running task's pods' memory per GPU of ``node`` (GPUs the agent split by pod) and let the
+        core judge it; a task that goes over budget, or back within, is reported (over-budget / within-budget)
+        once per change of the GPUs it overuses, not per figure. A task the core evicts for it (memoryBudget
+        Evict) is not reported here: its eviction (reason GPUMemoryExceeded) carries the same figures."""
+        split = pod_memory(status if isinstance(status, Mapping) else None)
+        if not split:
+            return
+        usage: dict[TaskKey, dict[int, int]] = {}
+        for index, pods in split.items():
+            for uid, mib in pods.items():
+                record = self._running_task_of_pod(uid)
+                if record is not None:
+                    usage.setdefault(record.key, {})[index] = usage.get(record.key, {}).get(index, 0) + mib
+        flagged = [k for k, found in self.over_budget.items() if found and found[0].node == node]
+        for key in sorted(set(usage) | set(flagged)):
+            self._judge(key, usage.get(key, {}))
+
+    def _running_task_of_pod(self, pod_uid: str) -> TaskRecord | None:
+        job = self.jobs.get(self.task_pods.get(pod_uid, ""))
+        record = self.by_uid.get(job.task_uid) if job is not None else None
+        if record is None or job is None or record.job_name != job.name or record.phase not in PLACED_PHASES:
+            return None
+        return record
+
+    def _judge(self, key: TaskKey, used: dict[int, int]) -> None:
+        record = self.tasks.get(key)
+        found = self.scheduler.memory_used(key, used)
+        if record is None or found is None:
+            self.over_budget.pop(key, None)
+            return
+        before = self.over_budget.get(key, ())
+        tolerance = self.scheduler.memory_budget.tolerance_mib
+        if found and key not in self.scheduler.running:
+            self.over_budget.pop(key, None)  # evicted (memoryBudget Evict): the eviction says why, with the figures
+            return
+        if found:
+            self.over_budget[key] = found
+            if [o.index for o in found] != [o.index for o in before]:
+                self.outbox.append(Report("over-budget", record, overuse_text(found, tolerance)))
+        elif before:
+            del self.over_budget[key]
+            self.outbox.append(Report("within-budget", record, "its pods use at most the GPU memory it reserved "
+                                                               f"(+{tolerance} MiB tolerance) again"))
 
     def _job_of_pod(self, pod: Mapping[str, Any]) -> JobRecord | None:
         meta = pod.get("metadata") or {}
@@ -599,6 +679,9 @@ class Controller:
         jobs = [j for j in map(job_record, objects.get("jobs", ())) if j is not None]
         for job in jobs:
             self._remember(job)
+        for pod in objects.get("pods", ()):
+            if TASK_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+                self._note_task_pod(pod, self._job_of_pod(pod), deleted=False)
         tasks = sorted(objects.get("tasks", ()), key=lambda o: o["metadata"].get("creationTimestamp") or "")
         for obj in tasks:
             if not obj["metadata"].get("deletionTimestamp"):

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gputask.core import Admit, Decision, Pending, Placement
+from gputask.core.budget import GPU_MEMORY_EXCEEDED
 from gputask.core.scheduler import Evict, Fail
 from gputask.k8s.client import (
     EVENTS,
@@ -35,7 +37,7 @@ from gputask.k8s.controller import Controller, JobRecord, Report
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
 from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
 from gputask.k8s.queue_status import QueueUpkeep
-from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe
+from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe, set_condition
 from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
 
@@ -45,7 +47,25 @@ CONCURRENCY = 16
 JOB_REJECTED = "JobRejected"
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 300.0
-FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting")
+FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting", "GPUMemoryExceeded")
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # metav1.Condition's reason pattern
+
+
+POD_RESOURCES_AVAILABLE = "PodResourcesAvailable"
+GPU_MEMORY_WITHIN_BUDGET = "GPUMemoryWithinBudget"
+COUNT_RULE = ("pods requesting nvidia.com/gpu on this node are counted on GPUs gputask chooses, not the devices the "
+              "kubelet gave them (gputask.k8s.foreign, rule 3)")
+
+
+def pod_resources_condition(available: bool, reason: str, message: str) -> dict[str, Any]:
+    """The GPUNode condition PodResourcesAvailable for the agent's ``status.podResources``."""
+    if available:
+        text = "the GPUs of device-plugin pods are read from the kubelet's PodResources API"
+    else:
+        text = f"{message}; {COUNT_RULE}" if message else COUNT_RULE
+    return {"type": POD_RESOURCES_AVAILABLE, "status": "True" if available else "False",
+            "reason": reason if _REASON.match(reason or "") else "Unknown", "message": text[:32768],
+            "lastTransitionTime": now_rfc3339()}
 
 
 def backoff_s(failures: int) -> float:
@@ -114,6 +134,7 @@ class Executor:
             record.task, record.generation = record.revision  # admitted as edited: the status says so
             record.revision = None
         attempt = record.attempt + 1
+        record.conditions.pop(GPU_MEMORY_WITHIN_BUDGET, None)  # judged anew for the new placement
         flavor = scheduler.flavors.get(decision.task.flavor) if decision.task.flavor else None
         try:
             job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue,
@@ -316,6 +337,8 @@ class Executor:
                 await t.publish(record, report.detail)
             elif report.kind == "delete-job":
                 await self.delete_job(record)
+            elif report.kind in ("over-budget", "within-budget") and record.phase in PLACED_PHASES:
+                await self.memory_budget(record, report.kind == "within-budget", report.detail)
             elif report.kind == "stray-job" and report.detail in self.controller.jobs:
                 job = self.controller.jobs[report.detail]
                 self.metrics.strays.inc()
@@ -325,26 +348,51 @@ class Executor:
                            f"{record.job_name}); deleted")
                 await t.note(record, "Warning", "StrayJobDeleted", message)
 
+    async def memory_budget(self, record: TaskRecord, within: bool, message: str) -> None:
+        """The condition GPUMemoryWithinBudget: False (reason GPUMemoryExceeded, a Warning Event naming each GPU,
+        what its pods use and the budget) or True again (reason GPUMemoryWithinBudget, a Normal Event). Set only
+        once a task went over budget; a new admission starts without it."""
+        if within:
+            set_condition(record, GPU_MEMORY_WITHIN_BUDGET, True, GPU_MEMORY_WITHIN_BUDGET, message)
+            kept = str((record.obj.get("status") or {}).get("message") or message)
+            await self.transitions.publish(record, kept, ("Normal", GPU_MEMORY_WITHIN_BUDGET, message))
+            return
+        text = f"its pods use more GPU memory than it reserved: {message}"
+        set_condition(record, GPU_MEMORY_WITHIN_BUDGET, False, GPU_MEMORY_EXCEEDED, text)
+        await self.transitions.publish(record, text, ("Warning", GPU_MEMORY_EXCEEDED, text))
+
     async def report_gpunodes(self) -> None:
-        """Write the Accepted condition of each GPUNode whose refused entries changed; a Warning Event
-        when some are refused."""
+        """Write the conditions of each GPUNode whose refused entries or PodResources availability changed:
+        Accepted (a Warning Event GPUNodeRefused when some entries are refused) and, where the agent reports
+        it, PodResourcesAvailable (a Warning Event PodResourcesUnavailable when it turns False, unless the agent
+        was configured not to read it: reason Disabled). The operator
+        is the only writer of ``status.conditions`` (a merge patch replaces the list); the agent writes
+        ``status.podResources``, which this condition reflects."""
         inventory = self.controller.inventory
         for name in sorted(inventory.to_report):
             errors = inventory.gpunode_errors.get(name, [])
             message = "; ".join(errors) if errors else "every GPU entry and the heartbeat are sound"
-            condition = {"type": "Accepted", "status": "False" if errors else "True",
-                         "reason": "RefusedEntries" if errors else "Sound", "message": message[:32768],
-                         "lastTransitionTime": now_rfc3339()}
+            conditions = [{"type": "Accepted", "status": "False" if errors else "True",
+                           "reason": "RefusedEntries" if errors else "Sound", "message": message[:32768],
+                           "lastTransitionTime": now_rfc3339()}]
+            devices = inventory.device_reports.get(name)
+            said = inventory.device_said.get(name)
+            if devices is not None and devices.available is not None:
+                conditions.append(pod_resources_condition(devices.available, devices.reason, devices.message))
             try:
-                await self.writer.patch(GPUNODES, name, {"status": {"conditions": [condition]}}, status=True)
+                await self.writer.patch(GPUNODES, name, {"status": {"conditions": conditions}}, status=True)
             except ApiError as exc:
                 if not isinstance(exc, (Fenced, NotFound)):
                     log.warning("status patch of GPUNode %s failed: %s", name, exc)
                     continue
             inventory.to_report.discard(name)
+            involved = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUNode", "name": name}
             if errors:
-                involved = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUNode", "name": name}
                 await self.writer.event(involved, "Warning", "GPUNodeRefused", message)
+            if devices is not None and devices.available is not None:
+                inventory.device_said[name] = (devices.available, devices.reason)
+                if not devices.available and said != (False, devices.reason) and devices.reason != "Disabled":
+                    await self.writer.event(involved, "Warning", "PodResourcesUnavailable", conditions[-1]["message"])
 
     async def keep_queue_finalizers(self) -> None:
         """The queue-in-use finalizer on every GPUClusterQueue and GPULocalQueue (:class:`QueueUpkeep`)."""

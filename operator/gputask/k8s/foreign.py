@@ -15,12 +15,23 @@ events (one pod at a time; nothing lists every pod per cycle). :func:`occupied_g
 node's claims into the GPUs that are fully occupied:
 
 1. GPUs named by UUID or index are occupied;
-2. for ``nvidia.com/gpu: N`` the kubelet's device choice is not in the API, so N whole GPUs are
-   counted: first those the agent reports busy with memory gputask did not reserve (the likely
-   ones), then idle GPUs (no gputask reservation, nothing foreign) in index order, and only then
-   GPUs gputask uses.
+2. the GPUs the kubelet gave a device-plugin pod, as the node's agent read them from the kubelet's
+   PodResources API (GPUNode ``status.podResources``, :mod:`gputask.k8s.usage`), are occupied: the
+   exact devices, for ``nvidia.com/gpu`` and for NVIDIA's other resources (``nvidia.com/gpu.shared``,
+   ``nvidia.com/mig-*``), which the count rule below does not see at all;
+3. only where the agent says the API is not available (or does not report it), and for a pod
+   bound after the agent's last report (the kubelet assigns devices when it admits the pod; the
+   report follows within an agent interval), ``nvidia.com/gpu: N`` counts N whole GPUs: first those
+   the agent reports busy with memory gputask did not reserve (the likely ones), then idle GPUs
+   (no gputask reservation, nothing foreign) in index order, and only then GPUs gputask uses; never
+   a GPU in MIG mode (the device plugin hands out its MIG devices instead: under its single strategy
+   ``nvidia.com/gpu`` may be one of them). ``nvidia.com/mig-<profile>: N`` counts N MIG devices of
+   that profile in the same order.
 
-Why this is conservative: the count is never lower than what the device plugin handed out (a
+A pod the kubelet reports that the API does not have as bound and unfinished is ignored: the
+kubelet's List can still name pods in a terminal phase (kubernetes/kubernetes#119423).
+
+Why the count rule is conservative: the count is never lower than what the device plugin handed out (a
 pod both naming devices and requesting ``nvidia.com/gpu`` is charged both); every counted GPU is
 taken whole, so nothing else is placed on it; and preferring idle GPUs withholds the most free
 capacity from gputask, so its view of free GPUs never exceeds the truth in total. A guess can
@@ -31,15 +42,18 @@ claim then moves to the GPU that report points at. Pair it with the device-pinni
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gputask.core import Node
+from gputask.core import Gpu, Node
+from gputask.core.model import MIG_PRODUCT_MARK, mig_device_index, mig_parent_index
 from gputask.k8s.jobs import TASK_LABEL, VISIBLE_DEVICES
 from gputask.manifests.podfit import Requests, pod_requests
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""The device plugin's MIG resources under its mixed strategy: ``nvidia.com/mig-1g.10gb``..."""
 FINISHED_POD_PHASES = ("Succeeded", "Failed")
 NO_DEVICES = frozenset({"", "void", "none"})
 UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -51,24 +65,41 @@ class GpuClaim:
     """GPUs one foreign pod holds on its node.
 
     ``count``: whole GPUs requested through ``nvidia.com/gpu`` (devices unknown);
-    ``devices``: UUIDs or indices named by ``NVIDIA_VISIBLE_DEVICES``; ``every``: it said ``all``.
+    ``devices``: UUIDs or indices named by ``NVIDIA_VISIBLE_DEVICES``; ``every``: it said ``all``;
+    ``mig``: (profile, count) of MIG devices requested through the device plugin's mixed-strategy resources
+    ``nvidia.com/mig-<profile>`` (devices unknown), sorted by profile.
     """
 
     count: int = 0
     devices: tuple[str, ...] = ()
     every: bool = False
+    mig: tuple[tuple[str, int], ...] = ()
 
 
-def _gpu_count(container: Mapping[str, Any]) -> int:
+def _gpu_counts(container: Mapping[str, Any]) -> dict[str, int]:
+    """``nvidia.com/gpu`` and ``nvidia.com/mig-*`` counts of one container (limits, else requests)."""
     resources = container.get("resources") or {}
-    for section in ("limits", "requests"):  # an extended resource's request equals its limit
-        value = (resources.get(section) or {}).get(GPU_RESOURCE)
-        if value is not None:
-            try:
-                return max(0, int(str(value)))
-            except ValueError:
-                return 0
-    return 0
+    counts: dict[str, int] = {}
+    for section in ("requests", "limits"):  # an extended resource's request equals its limit: limits win
+        for name, value in (resources.get(section) or {}).items():
+            if name == GPU_RESOURCE or str(name).startswith(MIG_RESOURCE_PREFIX):
+                try:
+                    counts[str(name)] = max(0, int(str(value)))
+                except ValueError:
+                    counts[str(name)] = 0
+    return counts
+
+
+def _pod_counts(containers: list[Mapping[str, Any]], inits: list[Mapping[str, Any]]) -> dict[str, int]:
+    """Per resource: the containers' sum or the largest init container's, whichever is more (the kubelet's rule)."""
+    total: dict[str, int] = {}
+    for counts in map(_gpu_counts, containers):
+        for name, n in counts.items():
+            total[name] = total.get(name, 0) + n
+    for counts in map(_gpu_counts, inits):
+        for name, n in counts.items():
+            total[name] = max(total.get(name, 0), n)
+    return {name: n for name, n in total.items() if n > 0}
 
 
 def _visible_devices(container: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
@@ -92,16 +123,18 @@ def claim_of(spec: Mapping[str, Any]) -> GpuClaim | None:
     """
     containers = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
     inits = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
-    count = max(sum(map(_gpu_count, containers)), max(map(_gpu_count, inits), default=0))
+    counts = _pod_counts(containers, inits)
+    count = counts.pop(GPU_RESOURCE, 0)
+    mig = tuple(sorted((name[len(MIG_RESOURCE_PREFIX):], n) for name, n in counts.items()))
     devices: list[str] = []
     every = False
     for container in inits + containers:
         named, all_of_them = _visible_devices(container)
         every = every or all_of_them
         devices += [d for d in named if d not in devices]
-    if not count and not devices and not every:
+    if not count and not mig and not devices and not every:
         return None
-    return GpuClaim(count, tuple(devices), every)
+    return GpuClaim(count, tuple(devices), every, mig)
 
 
 def bound(body: Mapping[str, Any], **_: Any) -> bool:
@@ -111,10 +144,13 @@ def bound(body: Mapping[str, Any], **_: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ForeignPod:
-    """What one foreign pod holds on its node: GPUs (None: none) and effective requests."""
+    """What one foreign pod holds on its node: GPUs (None: none by its spec) and effective requests; its
+    namespace and name (how the kubelet's PodResources API names it)."""
 
     claim: GpuClaim | None
     requests: Requests
+    namespace: str = ""
+    name: str = ""
 
 
 def foreign_pod(pod: Mapping[str, Any]) -> tuple[str, ForeignPod] | None:
@@ -131,7 +167,8 @@ def foreign_pod(pod: Mapping[str, Any]) -> tuple[str, ForeignPod] | None:
         requests = pod_requests(spec)
     except ValueError:
         requests = Requests()  # the API server accepted it, so this does not happen; never crash on it
-    return str(node), ForeignPod(claim_of(spec), requests)
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return str(node), ForeignPod(claim_of(spec), requests, namespace, name)
 
 
 def pod_claim(pod: Mapping[str, Any]) -> tuple[str, GpuClaim] | None:
@@ -175,10 +212,28 @@ class ForeignPods:
         for pod in pods:
             self.on_pod(pod)
 
-    def claims_on(self, node: str) -> list[GpuClaim]:
-        """The GPU claims of the foreign pods bound to ``node``, in pod uid order."""
+    def claims_on(self, node: str, exact: Mapping[tuple[str, str], tuple[str, ...]] | None = None) -> list[GpuClaim]:
+        """The GPU claims of the foreign pods bound to ``node``, in pod uid order.
+
+        ``exact``: the GPU UUIDs the kubelet gave each (namespace, name) pod on the node, when the agent could
+        read them (None: it could not). A pod found there holds exactly those GPUs (and any it names through
+        NVIDIA_VISIBLE_DEVICES) instead of its count; a pod not found there keeps its count (bound after the
+        report). Module docstring, rules 2 and 3.
+        """
         pods = self.by_node.get(node) or {}
-        return [claim for uid in sorted(pods) if (claim := pods[uid].claim) is not None]
+        claims = []
+        for uid in sorted(pods):
+            pod = pods[uid]
+            given = exact.get((pod.namespace, pod.name)) if exact is not None else None
+            claim = pod.claim
+            if given:
+                named = claim.devices if claim is not None else ()
+                claim = GpuClaim(0, tuple(dict.fromkeys(named + given)), claim.every if claim is not None else False)
+            elif given is not None and claim is not None:
+                claim = GpuClaim(0, claim.devices, claim.every) if claim.devices or claim.every else None
+            if claim is not None:
+                claims.append(claim)
+        return claims
 
     def requests_on(self, node: str) -> tuple[Requests, int]:
         """The summed effective requests of the foreign pods bound to ``node``, and how many they are."""
@@ -208,18 +263,43 @@ def occupied_gpus(node: Node, claims: Iterable[GpuClaim], reserved: Collection[i
     """
     claims = list(claims)
     indices = [g.index for g in node.gpus]
-    by_name = {g.uuid: g.index for g in node.gpus} | {str(g.index): g.index for g in node.gpus}
     taken: set[int] = set()
+    by_name = _device_names(node)
     for claim in claims:
         taken |= set(indices) if claim.every else {by_name[d] for d in claim.devices if d in by_name}
-    wanted = sum(c.count for c in claims)
-    busy = [g.index for g in node.gpus if g.foreign_mib > 0]
-    idle = [g.index for g in node.gpus if g.foreign_mib == 0 and g.index not in reserved]
-    ours = [g.index for g in node.gpus if g.foreign_mib == 0 and g.index in reserved]
+    in_mig_mode = {parent for g in node.gpus if (parent := mig_parent_index(g.index)) is not None}
+    # nvidia.com/gpu is a GPU outside MIG or (the device plugin's single strategy) a MIG device, never a GPU in
+    # MIG mode; nvidia.com/mig-<profile> is a MIG device of that profile.
+    _take(node, reserved, taken, sum(c.count for c in claims), lambda g: g.index not in in_mig_mode)
+    wanted: dict[str, int] = {}
+    for claim in claims:
+        for profile, n in claim.mig:
+            wanted[profile] = wanted.get(profile, 0) + n
+    for profile, n in sorted(wanted.items()):
+        _take(node, reserved, taken, n, lambda g, p=profile: g.product.endswith(f"{MIG_PRODUCT_MARK}{p}"))
+    return taken
+
+
+def _device_names(node: Node) -> dict[str, int]:
+    """Each device's index by the names NVIDIA_VISIBLE_DEVICES may give it: UUID, index, and for a MIG device
+    ``<GPU index>:<MIG device index>``."""
+    names = {g.uuid: g.index for g in node.gpus} | {str(g.index): g.index for g in node.gpus}
+    for g in node.gpus:
+        parent = mig_parent_index(g.index)
+        if parent is not None:
+            names[f"{parent}:{g.index - mig_device_index(parent, 0)}"] = g.index
+    return names
+
+
+def _take(node: Node, reserved: Collection[int], taken: set[int], wanted: int, eligible: Callable[[Gpu], bool]) -> None:
+    """Add ``wanted`` more eligible devices to ``taken``: busy with foreign memory, then idle, then ours."""
+    gpus = [g for g in node.gpus if eligible(g)]
+    busy = [g.index for g in gpus if g.foreign_mib > 0]
+    idle = [g.index for g in gpus if g.foreign_mib == 0 and g.index not in reserved]
+    ours = [g.index for g in gpus if g.foreign_mib == 0 and g.index in reserved]
     for index in busy + idle + ours:
         if wanted <= 0:
             break
         if index not in taken:
             taken.add(index)
             wanted -= 1
-    return taken

@@ -304,7 +304,7 @@ class Operator:
 
         kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", registry=reg)(on_workload_priority_class)
         for resource, handler in (
-            (("gputask.io", "v1alpha1", "gpunodes"), self._track("on_gpunode", timed=True)),
+            (("gputask.io", "v1alpha1", "gpunodes"), self._track("on_gpunode", timed=True, on="controller")),
             (("v1", "nodes"), self._track("on_node", timed=True)),
             (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpulocalqueues"), self._track("on_local_queue", on="controller")),

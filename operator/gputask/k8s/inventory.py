@@ -15,15 +15,14 @@ from typing import Any
 from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
 from gputask.core.model import HostUse, mig_parent_index
-from gputask.k8s.foreign import GPU_RESOURCE, ForeignPods, occupied_gpus
+from gputask.k8s.foreign import GPU_RESOURCE, MIG_RESOURCE_PREFIX, ForeignPods, occupied_gpus
+from gputask.k8s.usage import DeviceReport, device_report, foreign_mib, pod_memory
 from gputask.manifests import convert
 from gputask.manifests.podfit import node_offer
 
 log = logging.getLogger("gputask.inventory")
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-"""The device plugin's MIG resources under its mixed strategy: ``nvidia.com/mig-1g.10gb``..."""
 WORKLOAD_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 
@@ -89,7 +88,13 @@ def allocatable_gpus(node: Mapping[str, Any] | None) -> int | None:
 class Inventory:
     """Tracks non-task objects and feeds the scheduler. Synchronous; never raises on bad input."""
 
-    def __init__(self, scheduler: Scheduler, config: Config, foreign: ForeignPods | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        config: Config,
+        foreign: ForeignPods | None = None,
+        our_pods: Mapping[str, object] | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.config = config
         self.priority_classes: dict[str, int] = {}
@@ -109,6 +114,9 @@ class Inventory:
         self.gpunode_missing: dict[str, float] = {}  # Node name -> when its GPUNode was seen gone
         self.uuid_owner: dict[str, str] = {}  # GPU uuid -> the node that reported it first
         self.foreign = foreign or ForeignPods()  # the operator shares one index across rebuilds
+        self.our_pods: Mapping[str, object] = our_pods if our_pods is not None else {}  # uids of our Jobs' pods
+        self.device_reports: dict[str, DeviceReport] = {}  # GPUNode -> its agent's PodResources report
+        self.device_said: dict[str, tuple[bool, str]] = {}  # GPUNode -> PodResourcesAvailable as last written
 
     # -- priorities and namespaces --------------------------------------------------------
     def on_priority_class(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
@@ -171,6 +179,8 @@ class Inventory:
             return
         if deleted:
             self.gpunodes.pop(name, None)
+            self.device_reports.pop(name, None)
+            self.device_said.pop(name, None)
             self._release_uuids(name)
             if name in self.nodes:
                 self.gpunode_missing.setdefault(name, now)
@@ -207,13 +217,17 @@ class Inventory:
         node, errors = convert.node_from_gpunode(name, status, unschedulable=why)
         node, refused = self._sound(node)
         errors = [*errors, *refused, *([lie] if lie else [])]
-        node = self._with_foreign_use(node, convert.reported_used_mib(status))
+        devices = device_report(status)
+        node = self._with_foreign_use(node, convert.reported_used_mib(status), devices, pod_memory(status))
         node = self._with_offer(node)
         if errors != self.gpunode_errors.get(name, []):
             for line in errors:
                 log.warning("GPUNode %s: rejected %s", name, line)
             self.to_report.add(name)
+        if devices.available is not None and self.device_said.get(name) != (devices.available, devices.reason):
+            self.to_report.add(name)  # the condition PodResourcesAvailable changes
         self.gpunode_errors[name] = errors
+        self.device_reports[name] = devices
         self.scheduler.set_node(node)
 
     def _heartbeat(self, status: Mapping[str, Any], now: float) -> tuple[bool, str | None]:
@@ -253,15 +267,25 @@ class Inventory:
         for uuid in [u for u, owner in self.uuid_owner.items() if owner == name]:
             del self.uuid_owner[uuid]
 
-    def _with_foreign_use(self, node: Node, used: Mapping[int, int]) -> Node:
+    def _with_foreign_use(
+        self,
+        node: Node,
+        used: Mapping[int, int],
+        devices: DeviceReport | None = None,
+        split: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> Node:
         """Memory used beyond what gputask reserved (minus a tolerance) counts as foreign use,
         and GPUs that foreign pods hold (:mod:`gputask.k8s.foreign`) count as fully used.
 
         A GPU busy with work gputask did not place must not be over-committed (issue: node
         agent, foreign use). The tolerance absorbs CUDA context overhead of our own tasks.
+        Where the agent split a GPU's memory by pod (``split``), what our own pods use is known
+        and :func:`gputask.k8s.usage.foreign_mib` counts other pods' memory in full; where it read
+        the kubelet's device assignments (``devices``), device-plugin pods hold exactly those GPUs.
         """
         known = self.scheduler.cluster.node(node.name) if self.scheduler.cluster.has_node(node.name) else None
         tolerance = self.config.foreign_tolerance_mib
+        split = split or {}
         gpus = []
         ours: set[int] = set()
         for gpu in node.gpus:
@@ -272,10 +296,14 @@ class Inventory:
                     reserved = known.reserved_mib[pos]
             if reserved:
                 ours.add(gpu.index)
-            foreign = max(0, used.get(gpu.index, 0) - reserved - tolerance)
+            pods = split.get(gpu.index)
+            ours_mib = None if pods is None else sum(mib for uid, mib in pods.items() if uid in self.our_pods)
+            foreign = foreign_mib(used_mib=used.get(gpu.index, 0), reserved_mib=reserved, ours_mib=ours_mib,
+                                  tolerance_mib=tolerance)
             gpus.append(replace(gpu, foreign_mib=min(foreign, gpu.memory_mib)))
         node = replace(node, gpus=tuple(gpus))
-        held = occupied_gpus(node, self.foreign.claims_on(node.name), ours)
+        exact = devices.pods if devices is not None and devices.available else None
+        held = occupied_gpus(node, self.foreign.claims_on(node.name, exact), ours)
         full = tuple(replace(g, foreign_mib=g.memory_mib) if g.index in held else g for g in node.gpus)
         return replace(node, gpus=full)
 

@@ -82,4 +82,5 @@ class SchedulingLoop:
             if waiting:
                 self._metrics_at = time.monotonic()
             executor.metrics.refresh(controller.scheduler, waiting=waiting)
+            executor.metrics.refresh_budgets(controller.over_budget, controller.scheduler)
             return len(decisions)
