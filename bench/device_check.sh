@@ -6,8 +6,9 @@
 # Where the machine cannot reach PyPI, put wheels for Python on that machine in .devwheels/
 # first (pip download ... -d .devwheels; see the closing note of issue 5) and they are installed
 # from there. Writes to $OUT: machine.txt (uname, nvidia-smi), nvidia-smi-q.txt, the probe
-# capture nvml_reading.json (bench/agent_probe_capture.py) and pytest.txt: the agent's unit and
-# emulator tests plus tests/integration/test_agent_real_gpu.py, which skip without NVML.
+# capture nvml_reading.json (bench/agent_probe_capture.py; with MIG devices where a GPU is in MIG mode),
+# pytest.txt: the agent's unit and emulator tests plus tests/integration/test_agent_real_gpu.py, which skip
+# without NVML, figures.txt and budgets.txt (bench/device_budget_check.py). Never changes a GPU setting.
 set -u
 OUT=${OUT:-/tmp/gputask-gpu}
 PY=${PYTHON:-python3}
@@ -54,3 +55,6 @@ print(f"NvmlProbe.read(): {(time.perf_counter() - start):.3f} ms per read over 1
 probe.close()
 PYEOF
 cat "$OUT/figures.txt"
+# Issue 18: memory budgets as gputask hands them out (PyTorch and JAX honouring GPUTASK_GPU_MEMORY_MIB, an MPS
+# client under CUDA_MPS_PINNED_DEVICE_MEM_LIMIT where an MPS daemon can be started) and MIG mode (read only).
+timeout 400 "$PY" bench/device_budget_check.py 2>&1 | tee "$OUT/budgets.txt"
