@@ -9,8 +9,8 @@ Shape (YAML)::
     cycleInterval: 1s               # scheduling cycle period when nothing wakes the loop
     policy: packing                 # placement policy name (packing, fgd, bestfit, firstfit, ...)
     queueing: gputask               # gputask | kueue
-    pinning: envvar                 # envvar | cdi | dra: how a Job's pods get exactly their GPUs (README, "GPU runtime set-up")
-    jobRuntimeClassName: ""         # RuntimeClass given to the pods of emitted Jobs whose template names none; "" = none
+    pinning: envvar                 # envvar | cdi | dra: how a Job's pods get their GPUs (README, GPU runtime set-up)
+    jobRuntimeClassName: ""         # RuntimeClass of emitted Jobs' pods whose template names none; "" = none
     namespace: ""                   # watch one namespace; "" = cluster-wide
     foreignMemoryToleranceMiB: 1024 # memory used beyond our reservations and this counts as foreign
     leaderElection: false           # campaign for a coordination.k8s.io/v1 Lease; only the leader schedules

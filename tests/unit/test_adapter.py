@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gputask.config import Config
-from gputask.core import GpuSlot, NodeName, Placement, TaskKey
+from gputask.core import GpuRequest, GpuSlot, NodeName, Placement, TaskKey
 from gputask.k8s import executor as executor_module
 from gputask.k8s.client import (
     ADMISSIONCHECKS,
@@ -110,13 +110,14 @@ def admitted_view(status: dict[str, Any]) -> tuple[Any, ...]:
 
 
 async def test_a_task_becomes_its_pinned_job_and_an_admitted_status() -> None:
-    """One loop pass: the exact Job of build_job, the status Admitted with the placement, one Event."""
+    """One loop pass: the exact Job of build_job (telling the shared task its 8192 MiB budget), the status Admitted
+    with the placement, one Event."""
     parts = Parts()
     task = parts.submit("t", gpuMemory="8Gi")
     await parts.loop.run_once()
     placement = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
     (job,) = parts.client.all(JOBS, "ns")
-    expected = build_job(task, placement, attempt=1, queue="q")
+    expected = build_job(task, placement, attempt=1, queue="q", request=GpuRequest(1, memory_mib=8192))
     assert ({k: job[k] for k in ("spec",)}, job["metadata"]["annotations"]) == (
         {"spec": expected["spec"]},
         expected["metadata"]["annotations"],

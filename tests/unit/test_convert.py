@@ -157,8 +157,8 @@ def test_gpu_fraction_becomes_milli_gpu() -> None:
 def test_gpu_sharing_and_pinning_give_the_share_group() -> None:
     """TimeSlicing (or nothing) is the group '', MPS 'MPS'; with DRA each namespace is a group of its own."""
     cases = [({"gpuMemory": "4Gi"}, False), ({"gpuMemory": "4Gi", "gpuSharing": "MPS"}, False),
-             ({"gpuFraction": "0.5", "gpuSharing": "TimeSlicing"}, True), ({"gpuMemory": "4Gi", "gpuSharing": "MPS"}, True),
-             ({"gpus": 2}, True)]
+             ({"gpuFraction": "0.5", "gpuSharing": "TimeSlicing"}, True),
+             ({"gpuMemory": "4Gi", "gpuSharing": "MPS"}, True), ({"gpus": 2}, True)]
     groups = [gpu_request(spec, namespace="ml", per_namespace=dra).share_group for spec, dra in cases]
     assert groups == ["", "MPS", "namespace ml", "namespace ml, MPS", ""]
 

@@ -37,7 +37,6 @@ from gputask.core.reasons import explain
 from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
-from gputask.k8s.jobs import PLACEMENT_ANNOTATION, placement_annotation
 from gputask.k8s.kueue_api import (
     CHECK_NAME,
     CHECK_PENDING,
@@ -45,7 +44,6 @@ from gputask.k8s.kueue_api import (
     CHECK_RETRY,
     CONTROLLER_NAME,
     HOSTNAME_LABEL,
-    VISIBLE_DEVICES_ANNOTATION,
     admission_check,
     build_kueue_job,
     check_answer,
@@ -53,6 +51,7 @@ from gputask.k8s.kueue_api import (
     condition,
     condition_true,
     owner_job,
+    pod_set_annotations,
     pod_set_name,
     quota_reserved,
     ready_placement,
@@ -192,7 +191,8 @@ class KueueAdmission:
                 await self.executor.transitions.finished(record, job.outcome)
             return
         attempt = record.attempt + 1
-        body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue)
+        body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue, pinning=self.executor.pinning,
+                               request=record.task.request)
         namespace = body["metadata"]["namespace"]
         try:
             created = await self.writer.create(JOBS, body, namespace)
@@ -246,13 +246,12 @@ class KueueAdmission:
     def _pod_set_update(self, wl: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
         node = self.controller.inventory.nodes.get(placement.node) or {}
         hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL, placement.node)
+        record = self._record_of(wl)
+        request = record.task.request if record is not None and record.task is not None else None
         return {
             "name": pod_set_name(wl),
             "nodeSelector": {HOSTNAME_LABEL: hostname},
-            "annotations": {
-                PLACEMENT_ANNOTATION: placement_annotation(placement),
-                VISIBLE_DEVICES_ANNOTATION: ",".join(g.uuid for g in placement.gpus),
-            },
+            "annotations": pod_set_annotations(placement, self.executor.pinning, request),
         }
 
     async def _admitted(self, record: TaskRecord, wl: Mapping[str, Any], placement: Placement) -> None:
