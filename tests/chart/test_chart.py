@@ -347,6 +347,15 @@ def test_config_change_rolls_the_operator(helm: str) -> None:
 # -- workloads ---------------------------------------------------------------------------------------
 
 
+def test_operator_knows_its_pod_from_the_downward_api(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """POD_NAMESPACE (the Lease's default namespace) and POD_NAME (the pinning check's Event goes on the Pod) come
+    from the downward API."""
+    pod = find(rendered["default-values.yaml"], "Deployment", "gputask-operator")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("valueFrom") for e in pod["containers"][0]["env"]}
+    assert (env["POD_NAMESPACE"], env["POD_NAME"]) == ({"fieldRef": {"fieldPath": "metadata.namespace"}},
+                                                       {"fieldRef": {"fieldPath": "metadata.name"}})
+
+
 def test_operator_runs_the_configured_command_with_probes(rendered: dict[str, list[dict[str, Any]]]) -> None:
     """The operator container runs `gputask run` with config, liveness and metrics flags, probed on /healthz."""
     pod = find(rendered["default-values.yaml"], "Deployment", "gputask-operator")["spec"]["template"]["spec"]

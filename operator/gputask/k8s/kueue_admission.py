@@ -3,14 +3,16 @@
 1. Every valid GPUTask gets its Job at once (:func:`build_kueue_job`): suspended, labelled
    ``kueue.x-k8s.io/queue-name`` with the task's queue (a Kueue LocalQueue), with no node
    affinity; each container's ``NVIDIA_VISIBLE_DEVICES`` comes from the pod annotation
-   ``gputask.io/visible-devices`` through the downward API.
+   ``gputask.io/visible-devices`` through the downward API (``void`` with ``pinning: cdi``), and a shared
+   task's memory budget from ``gputask.io/gpu-memory-mib`` (and ``gputask.io/mps-pinned-device-mem-limit``).
 2. Kueue creates a Workload for the Job and reserves quota in a ClusterQueue that lists the
    AdmissionCheck ``gputask-placement`` (controllerName ``gputask.io/placement``), which gputask
    creates and marks Active at start.
 3. For each such Workload with quota reserved and the check Pending, gputask finds a placement
    with the core on its cluster state, reserves it under the task's key (so it is never
    double-booked), and answers the check: Ready with ``podSetUpdates`` (a hostname
-   nodeSelector and the annotations ``gputask.io/placement`` and ``gputask.io/visible-devices``),
+   nodeSelector and the annotations ``gputask.io/placement``, ``gputask.io/visible-devices`` or the CDI
+   annotation ``cdi.k8s.io/gputask``, and the budget's: :func:`~gputask.k8s.kueue_api.pod_set_annotations`),
    or Retry with the reason when no GPU has room (Kueue releases the quota and requeues the
    Workload; its check comes back Pending and is answered again).
 4. Kueue merges the podSetUpdates into the Job's pod template and unsuspends it.

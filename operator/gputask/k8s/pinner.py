@@ -147,7 +147,7 @@ class Pinner:
         try:
             await self.writer.delete(self._resource(RESOURCECLAIMTEMPLATES), dra.template_name(job_name), namespace)
         except ApiError as exc:
-            if not isinstance(exc, NotFound):
+            if not isinstance(exc, (NotFound, Fenced)):  # not leading: the next leader's rebuild deletes it
                 log.warning("deleting ResourceClaimTemplate %s/%s failed: %s", namespace, job_name, exc)
 
     async def collect(self, reservations: Mapping[Any, Reservation], version: object) -> None:
@@ -162,6 +162,8 @@ class Pinner:
                 await self.writer.delete(self._resource(RESOURCECLAIMS), name, namespace)
             except NotFound:
                 pass
+            except Fenced:
+                return  # not leading any more: the next leader lists the claims and collects them
             except ApiError as exc:
                 log.warning("deleting shared ResourceClaim %s failed (%s); tried again later", key, exc)
                 continue
