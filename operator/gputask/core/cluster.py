@@ -53,6 +53,7 @@ class NodeState:
     exclusive: list[bool]
     position: dict[int, int]
     groups: list[dict[str, int]] = field(default_factory=list)
+    grouped: int = 0  # shared reservations of a group other than "" on the node (0: groups say nothing new)
     tasks: dict[TaskKey, Placement] = field(default_factory=dict)
     cpu_used: int = 0
     memory_used_mib: int = 0
@@ -91,6 +92,8 @@ class NodeState:
             held[group] = left
         else:
             held.pop(group, None)
+        if group:
+            self.grouped += count
 
     def is_idle(self, pos: int) -> bool:
         """True when the GPU at ``pos`` is healthy and holds nothing (ours or foreign)."""
@@ -240,7 +243,8 @@ def _placement_key(state: NodeState) -> tuple[object, ...]:
         tuple((g.index, g.product, g.memory_mib, g.healthy, g.foreign_mib) for g in node.gpus),
         tuple(state.reserved_mib),
         tuple(state.exclusive),
-        tuple(tuple(sorted(held)) for held in state.groups),
+        # Groups tell placement more than reserved_mib and exclusive only where a group other than "" holds a GPU.
+        tuple(tuple(sorted(held)) for held in state.groups) if state.grouped else (),
         state.cpu_used,
         state.memory_used_mib,
     )
