@@ -25,6 +25,7 @@ from gputask.k8s.client import (
     GPUTASKS,
     JOBS,
     LEASES,
+    RESOURCECLAIMTEMPLATES,
     WORKLOADS,
     Fenced,
 )
@@ -394,3 +395,27 @@ async def test_a_queue_finalizer_patch_refused_as_stale_is_not_retried_until_a_n
     await parts.executor.keep_queue_finalizers()
     finalizers = (await parts.client.get(GPUCLUSTERQUEUES, "q"))["metadata"].get("finalizers")
     assert (len(queue_writes()), finalizers) == (2, ["gputask.io/queue-in-use"])
+
+
+async def test_dra_mode_makes_the_template_before_the_job_and_deletes_it_with_the_job() -> None:
+    """pinning dra: the ResourceClaimTemplate is created before the Job, deleting the task's Job deletes its template
+    (the claim of a pod goes with the pod), and a refused Job takes the template just made with it."""
+
+    def dra_calls(parts: Parts) -> list[tuple[str, str, str | None]]:
+        return [c for c in parts.client.calls if c[1] in ("resourceclaimtemplates", "jobs") and c[0] != "get"]
+
+    parts = Parts(Config(cycleInterval=0.2, pinning="dra"))
+    parts.submit("t")
+    await parts.loop.run_once()
+    await parts.executor.delete_job(parts.controller.tasks[TaskKey("ns/t")])
+    refused = Parts(Config(cycleInterval=0.2, pinning="dra"))
+    refused.client.fail("create", "jobs", status=422, message="refused")
+    refused.submit("u")
+    await refused.loop.run_once()
+    assert (dra_calls(parts), dra_calls(refused), refused.client.all(RESOURCECLAIMTEMPLATES, "ns")) == (
+        [("create", "resourceclaimtemplates", "t-1"), ("create", "jobs", "t-1"), ("delete", "jobs", "t-1"),
+         ("delete", "resourceclaimtemplates", "t-1")],
+        [("create", "resourceclaimtemplates", "u-1"), ("create", "jobs", "u-1"),
+         ("delete", "resourceclaimtemplates", "u-1")],
+        [],
+    )
