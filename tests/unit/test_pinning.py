@@ -96,6 +96,13 @@ def test_cdi_mode_requests_the_cdi_names_in_the_pod_annotation_and_voids_the_var
     }
 
 
+def test_envvar_mode_names_a_mig_device_by_its_uuid() -> None:
+    """envvar: a MIG device is named in NVIDIA_VISIBLE_DEVICES by its MIG UUID, beside a full GPU's UUID."""
+    job = build_job(TASK, WHOLE, attempt=1, queue="q", request=GpuRequest(2))
+    assert job["spec"]["template"]["spec"]["containers"][0]["env"] == [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": f"{GPU_A},{MIG}"}]
+
+
 def test_a_templates_own_runtime_class_is_kept() -> None:
     """jobRuntimeClassName applies only where the task's template names no RuntimeClass."""
     task = copy.deepcopy(TASK)
