@@ -9,11 +9,11 @@ from typing import Any
 from kubernetes import client as k8s_client
 
 from gputask.config import Config
+from gputask.core import GpuRequest, GpuSlot, NodeName, Placement
 from gputask.k8s import client as client_module
 from gputask.k8s import rbac
 from gputask.k8s.client import KubeClient, Resource
 from gputask.k8s.handlers import REBUILD_ORDER, Operator
-from gputask.core import GpuRequest, GpuSlot, NodeName, Placement
 from gputask.k8s.pinner import Pinner
 from gputask.k8s.rbac import Grant
 from gputask.k8s.writer import Writer
