@@ -9,6 +9,8 @@ Shape (YAML)::
     cycleInterval: 1s               # scheduling cycle period when nothing wakes the loop
     policy: packing                 # placement policy name (packing, fgd, bestfit, firstfit, ...)
     queueing: gputask               # gputask | kueue
+    pinning: envvar                 # envvar | cdi | dra: how a Job's pods get their GPUs (README, GPU runtime set-up)
+    jobRuntimeClassName: ""         # RuntimeClass of emitted Jobs' pods whose template names none; "" = none
     namespace: ""                   # watch one namespace; "" = cluster-wide
     foreignMemoryToleranceMiB: 1024 # memory used beyond our reservations and this counts as foreign
     memoryBudget:                   # a task using more GPU memory than it reserved (the agent splits memory by pod)
@@ -38,6 +40,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+_DNS_SUBDOMAIN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A RuntimeClass name (a DNS subdomain, as the API validates ``runtimeClassName``), or empty."""
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -109,6 +113,8 @@ class Config(BaseModel):
     cycle_interval_s: Duration = Field(1.0, alias="cycleInterval", gt=0)
     policy: str = "packing"  # = gputask.core.placement.DEFAULT_POLICY (tested)
     queueing: Literal["gputask", "kueue"] = "gputask"
+    pinning: Literal["envvar", "cdi", "dra"] = "envvar"
+    job_runtime_class_name: str = Field("", alias="jobRuntimeClassName", max_length=253, pattern=_DNS_SUBDOMAIN)
     namespace: str = ""
     foreign_tolerance_mib: int = Field(1024, alias="foreignMemoryToleranceMiB", ge=0)
     leader_election: bool = Field(False, alias="leaderElection")
@@ -122,6 +128,18 @@ class Config(BaseModel):
     queue_positions_tracked: int = Field(100, alias="queuePositionsTracked", ge=0, le=100_000)
     fair_sharing: FairSharingConfig = Field(default_factory=FairSharingConfig, alias="fairSharing")
     memory_budget: MemoryBudgetConfig = Field(default_factory=MemoryBudgetConfig, alias="memoryBudget")
+
+    @model_validator(mode="after")
+    def _pinning_fits_queueing(self) -> Config:
+        """``pinning: dra`` needs gputask to write the pod's resourceClaims; in Kueue mode the Job is emitted before
+        placement and Kueue's podSetUpdates can only add labels, annotations, a nodeSelector and tolerations."""
+        if self.pinning == "dra" and self.queueing == "kueue":
+            raise ValueError(
+                "pinning: dra cannot be used with queueing: kueue: the Job is created before gputask places it, and "
+                "Kueue's podSetUpdates (labels, annotations, nodeSelector, tolerations) cannot give its pods the "
+                "resourceClaims that name the placed GPUs; use pinning: cdi or envvar with Kueue"
+            )
+        return self
 
     @model_validator(mode="after")
     def _renew_within_lease(self) -> Config:

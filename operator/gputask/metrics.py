@@ -161,6 +161,14 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.pinning_supported = Gauge(
+            "gputask_pinning_mode_supported",
+            "1 when nothing the API shows stands in the way of the pinning mode (envvar, cdi, dra), 0 when something "
+            "does; a mode whose verdict could not be read is not exported. Set at start and at each re-check.",
+            ["mode"],
+            registry=r,
+        )
+
     _nodes: dict[str, tuple[object, int, tuple[str, ...]]]
 
     def refresh_budgets(self, over: Mapping[TaskKey, tuple[Overuse, ...]], scheduler: Scheduler) -> None:

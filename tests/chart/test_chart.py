@@ -320,6 +320,20 @@ def test_chart_config_defaults_are_the_operator_defaults_but_leader_election() -
     assert chart.model_copy(update={"leader_election": False}) == Config()
 
 
+def test_every_config_value_reaches_the_configuration_file(helm: str, tmp_path: Path) -> None:
+    """Each config.* value set away from its default is in the rendered file as set (foreignMemoryToleranceMiB and
+    queuePositionsTracked were once documented values the file left out)."""
+    sets = ["config.pinning=cdi", "config.jobRuntimeClassName=nvidia-cdi", "config.foreignMemoryToleranceMiB=2048",
+            "config.queuePositionsTracked=7", "config.namespace=ml", "config.policy=firstfit"]
+    config = rendered_config(helmtool.render(helm, sets=sets), tmp_path).public()
+    picked = {key: config[key] for key in ("pinning", "jobRuntimeClassName", "foreignMemoryToleranceMiB",
+                                           "queuePositionsTracked", "namespace", "policy")}
+    assert picked == {"pinning": "cdi", "jobRuntimeClassName": "nvidia-cdi", "foreignMemoryToleranceMiB": 2048,
+                      "queuePositionsTracked": 7, "namespace": "ml", "policy": "firstfit"}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["config"]
+    assert sorted(set(Config().public()) - {"apiVersion", "kind"} - set(values)) == []
+
+
 def test_config_change_rolls_the_operator(helm: str) -> None:
     """A changed configuration changes the pod template's checksum, so the operator restarts and reads it."""
 
@@ -331,6 +345,15 @@ def test_config_change_rolls_the_operator(helm: str) -> None:
 
 
 # -- workloads ---------------------------------------------------------------------------------------
+
+
+def test_operator_knows_its_pod_from_the_downward_api(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """POD_NAMESPACE (the Lease's default namespace) and POD_NAME (the pinning check's Event goes on the Pod) come
+    from the downward API."""
+    pod = find(rendered["default-values.yaml"], "Deployment", "gputask-operator")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("valueFrom") for e in pod["containers"][0]["env"]}
+    assert (env["POD_NAMESPACE"], env["POD_NAME"]) == ({"fieldRef": {"fieldPath": "metadata.namespace"}},
+                                                       {"fieldRef": {"fieldPath": "metadata.name"}})
 
 
 def test_operator_runs_the_configured_command_with_probes(rendered: dict[str, list[dict[str, Any]]]) -> None:

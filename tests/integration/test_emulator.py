@@ -305,6 +305,7 @@ async def test_lists_carry_kind_api_version_and_resource_version(server: Emulato
     ("v1", "events", "Event", True), ("v1", "configmaps", "ConfigMap", True), ("batch/v1", "jobs", "Job", True),
     ("coordination.k8s.io/v1", "leases", "Lease", True),
     ("scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", False),
+    ("node.k8s.io/v1", "runtimeclasses", "RuntimeClass", False),
     ("events.k8s.io/v1", "events", "Event", True),
     ("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", False),
 ])
@@ -524,3 +525,56 @@ async def test_many_concurrent_requests_are_all_answered(server: EmulatorServer,
 
     async with asyncio.timeout(60):
         assert await asyncio.gather(*(one(i) for i in range(300))) == [200] * 300
+
+
+async def test_resource_k8s_io_is_served_only_at_the_versions_asked_for(server: EmulatorServer,
+                                                                        api: aiohttp.ClientSession) -> None:
+    """Without serve_dra resource.k8s.io answers 404 (a cluster before 1.32 or with DRA off); serve_dra(("v1beta1",))
+    serves claims, templates and DeviceClasses there and still 404s v1, as a 1.32 or 1.33 cluster does."""
+    before = (await call(api, "GET", "/apis/resource.k8s.io/v1beta1/deviceclasses"))[0]
+    server.emulator.serve_dra(("v1beta1",))
+    status, listing = await call(api, "GET", "/apis/resource.k8s.io/v1beta1")
+    kinds = sorted((r["name"], r["kind"], r["namespaced"]) for r in listing["resources"])
+    v1 = (await call(api, "GET", "/apis/resource.k8s.io/v1/deviceclasses"))[0]
+    assert (before, status, kinds, v1) == (404, 200, [
+        ("deviceclasses", "DeviceClass", False), ("resourceclaims", "ResourceClaim", True),
+        ("resourceclaims/status", "ResourceClaim", True), ("resourceclaimtemplates", "ResourceClaimTemplate", True)],
+        404)
+
+
+async def test_claims_of_the_wrong_version_shape_are_refused_in_the_servers_words(server: EmulatorServer,
+                                                                                  api: aiohttp.ClientSession) -> None:
+    """A v1beta1-shaped request sent to v1 and a v1-shaped one sent to v1beta1 are 422 Invalid, as kube-apiserver
+    answers (v1 drops the fields it does not know, then finds neither exactly nor firstAvailable)."""
+    server.emulator.serve_dra(("v1", "v1beta1"))
+    flat = {"name": "gpu", "deviceClassName": "gpu.nvidia.com"}
+    nested = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    answers = [
+        await call(api, "POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+                   {"metadata": {"name": "a"}, "spec": {"devices": {"requests": [flat]}}}),
+        await call(api, "POST", "/apis/resource.k8s.io/v1beta1/namespaces/default/resourceclaimtemplates",
+                   {"metadata": {"name": "b"}, "spec": {"spec": {"devices": {"requests": [nested]}}}}),
+        await call(api, "POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+                   {"metadata": {"name": "c"}, "spec": {"devices": {"requests": [nested]}}}),
+    ]
+    assert [(code, body.get("reason"), body.get("message")) for code, body in answers[:2]] == [
+        (422, "Invalid", 'ResourceClaim.resource.k8s.io "a" is invalid: spec.devices.requests[0]: Required value: '
+                         "exactly one of `exactly` or `firstAvailable` is required"),
+        (422, "Invalid", 'ResourceClaimTemplate.resource.k8s.io "b" is invalid: '
+                         "spec.spec.devices.requests[0].deviceClassName: Required value"),
+    ]
+    assert answers[2][0] == 201
+
+
+async def test_a_claims_spec_is_immutable(server: EmulatorServer, api: aiohttp.ClientSession) -> None:
+    """Patching a ResourceClaim's spec is 422 field is immutable; its labels may change."""
+    server.emulator.serve_dra(("v1",))
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    await make(api, path, "c", spec={"devices": {"requests": [request]}})
+    other = {"spec": {"devices": {"requests": [{**request, "name": "other"}]}}}
+    spec_change = await call(api, "PATCH", f"{path}/c", other, headers=MERGE)
+    label_change = await call(api, "PATCH", f"{path}/c", {"metadata": {"labels": {"a": "b"}}}, headers=MERGE)
+    assert (spec_change[0], spec_change[1]["message"].split(": ")[0:2], label_change[0]) == (
+        422, ['ResourceClaim.resource.k8s.io "c" is invalid', "spec"], 200)
+    assert spec_change[1]["message"].endswith(": field is immutable")

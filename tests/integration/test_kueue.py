@@ -215,7 +215,8 @@ def kueue_cluster_setup(cluster: Cluster) -> None:
 
 
 async def test_kueue_mode_emits_a_suspended_job_labelled_for_kueue(cluster: Cluster) -> None:
-    """In Kueue mode the Job is emitted at once: suspended, queue-name label, no affinity, downward-API devices."""
+    """In Kueue mode the Job is emitted at once: suspended, queue-name label, no affinity, downward-API devices and
+    memory budget (the task shares a GPU)."""
     kueue_cluster_setup(cluster)
     async with running_operator(cluster, KUEUE_MODE) as op:
         task = await cluster.submit(gputask("train", queueName="team-a", gpuMemory="10Gi"))
@@ -224,6 +225,7 @@ async def test_kueue_mode_emits_a_suspended_job_labelled_for_kueue(cluster: Clus
     uid = task["metadata"]["uid"]
     labels = {"gputask.io/task": "train", "gputask.io/queue": "team-a"}
     devices = {"fieldRef": {"fieldPath": "metadata.annotations['gputask.io/visible-devices']"}}
+    budget = {"fieldRef": {"fieldPath": "metadata.annotations['gputask.io/gpu-memory-mib']"}}
     owner = {
         "apiVersion": "gputask.io/v1alpha1",
         "kind": "GPUTask",
@@ -253,7 +255,8 @@ async def test_kueue_mode_emits_a_suspended_job_labelled_for_kueue(cluster: Clus
                         {
                             "name": "main",
                             "image": "busybox:1.36",
-                            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": devices}],
+                            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": devices},
+                                    {"name": "GPUTASK_GPU_MEMORY_MIB", "valueFrom": budget}],
                         }
                     ],
                     "restartPolicy": "Never",
@@ -295,7 +298,8 @@ async def test_kueue_mode_answers_a_reserved_workload_with_pod_set_updates(clust
             {
                 "name": "main",
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
-                "annotations": {"gputask.io/placement": placement, "gputask.io/visible-devices": "GPU-big"},
+                "annotations": {"gputask.io/placement": placement, "gputask.io/visible-devices": "GPU-big",
+                                "gputask.io/gpu-memory-mib": "10240"},
             }
         ],
     }
@@ -303,6 +307,35 @@ async def test_kueue_mode_answers_a_reserved_workload_with_pod_set_updates(clust
         "Admitted",
         {"node": "node-a", "gpus": [{"index": 1, "uuid": "GPU-big", "memory": 10240}]},
     )
+
+
+async def test_kueue_mode_with_cdi_pinning_puts_the_cdi_request_in_the_pod_set_update(cluster: Cluster) -> None:
+    """Kueue mode with pinning cdi: the suspended Job runs in the RuntimeClass with NVIDIA_VISIBLE_DEVICES=void and
+    reads its MPS budget from annotations; the Ready check's podSetUpdate carries the CDI annotation and the budget
+    (pinning dra is refused with Kueue by the configuration, test_config)."""
+    kueue_cluster_setup(cluster)
+    await cluster.add_node("node-a", ("GPU-big", A10, "24Gi"))
+    config = Config(cycleInterval=0.2, queueing="kueue", pinning="cdi", jobRuntimeClassName="nvidia-cdi")
+    async with running_operator(cluster, config):
+        await cluster.submit(gputask("train", queueName="team-a", gpuMemory="10Gi", gpuSharing="MPS"))
+        job = await eventually(lambda: job_of(cluster, "train-1"))
+        name = await workload_for(cluster, "train-1")
+
+        async def ready() -> dict[str, Any] | None:
+            return await check_of(cluster, name, "Ready")
+
+        check = await eventually(ready)
+    spec = job["spec"]["template"]["spec"]
+    downward = [e["valueFrom"]["fieldRef"]["fieldPath"] for e in spec["containers"][0]["env"][1:]]
+    assert (spec["runtimeClassName"], spec["containers"][0]["env"][0], downward) == (
+        "nvidia-cdi", {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        ["metadata.annotations['gputask.io/gpu-memory-mib']",
+         "metadata.annotations['gputask.io/mps-pinned-device-mem-limit']"],
+    )
+    annotations = check["podSetUpdates"][0]["annotations"]
+    del annotations["gputask.io/placement"]
+    assert annotations == {"cdi.k8s.io/gputask": "nvidia.com/gpu=GPU-big", "gputask.io/gpu-memory-mib": "10240",
+                           "gputask.io/mps-pinned-device-mem-limit": "0=10240M"}
 
 
 async def test_kueue_mode_answers_retry_when_no_gpu_has_room_then_ready_once_it_has(cluster: Cluster) -> None:

@@ -35,7 +35,8 @@ async def job_of(cluster: Cluster, name: str, namespace: str = "default") -> dic
 
 
 async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster) -> None:
-    """Applying a GPUTask creates the exact pinned Job, Admitted status and an Admitted Event."""
+    """Applying a GPUTask creates the exact pinned Job (its 12Gi per GPU told as its memory budget), Admitted status
+    and an Admitted Event."""
     async with running_operator(cluster):
         await cluster.add_node("node-a", ("GPU-t4-0", "NVIDIA-T4", "16Gi"), ("GPU-t4-1", "NVIDIA-T4", "8Gi"))
         await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
@@ -89,7 +90,8 @@ async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster
                             {
                                 "name": "main",
                                 "image": "busybox:1.36",
-                                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-t4-0"}],
+                                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-t4-0"},
+                                        {"name": "GPUTASK_GPU_MEMORY_MIB", "value": "12288"}],
                             }
                         ],
                         "affinity": affinity,

@@ -78,10 +78,11 @@ def requests() -> st.SearchStrategy[GpuRequest]:
     count = st.integers(1, 4) | st.just(8)
     products = st.sampled_from((frozenset(), frozenset(), frozenset({"NVIDIA-H100"})))
     memory = st.sampled_from((1, 4, 8, 12, 20, 40, 79)).map(lambda g: g * GIB) | st.integers(1, 81 * GIB)
+    groups = st.sampled_from(("", "", "MPS", "namespace b"))
     return st.one_of(
         st.builds(GpuRequest, count, products=products),
-        st.builds(GpuRequest, count, memory_mib=memory, products=products),
-        st.builds(GpuRequest, count, fraction_milli=st.integers(1, 1000), products=products),
+        st.builds(GpuRequest, count, memory_mib=memory, products=products, share_group=groups),
+        st.builds(GpuRequest, count, fraction_milli=st.integers(1, 1000), products=products, share_group=groups),
     )
 
 
@@ -211,6 +212,9 @@ def exclusivity_problems(s: Scheduler) -> list[str]:
             exclusive = any(t.request.exclusive for t in tasks)
             if (exclusive and len(tasks) > 1) or state.exclusive[pos] != exclusive:
                 problems.append(f"{state.name}/{gpu.index}: {[t.key for t in tasks]}, flag {state.exclusive[pos]}")
+            groups = {t.request.share_group for t in tasks if not t.request.exclusive}
+            if len(groups) > 1 or set(state.groups[pos]) != groups:
+                problems.append(f"{state.name}/{gpu.index}: share groups {sorted(groups)}, counted {state.groups[pos]}")
     return problems
 
 
@@ -287,7 +291,8 @@ def test_no_gpu_ever_holds_more_mib_than_it_has(scenario: Scenario) -> None:
 @PROPERTY
 @given(scenarios)
 def test_an_exclusive_gpu_is_never_shared(scenario: Scenario) -> None:
-    """After every step, a GPU held by a whole-GPU task holds nothing else, and only then is flagged."""
+    """After every step, a GPU held by a whole-GPU task holds nothing else, and only then is flagged; the shared
+    tasks on a GPU are of one share group, the one counted."""
     simulate(scenario, checker(exclusivity_problems))
 
 

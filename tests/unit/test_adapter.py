@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gputask.config import Config
-from gputask.core import GpuSlot, NodeName, Placement, TaskKey
+from gputask.core import GpuRequest, GpuSlot, NodeName, Placement, TaskKey
 from gputask.k8s import executor as executor_module
 from gputask.k8s.client import (
     ADMISSIONCHECKS,
@@ -25,6 +25,7 @@ from gputask.k8s.client import (
     GPUTASKS,
     JOBS,
     LEASES,
+    RESOURCECLAIMTEMPLATES,
     WORKLOADS,
     Fenced,
 )
@@ -110,13 +111,14 @@ def admitted_view(status: dict[str, Any]) -> tuple[Any, ...]:
 
 
 async def test_a_task_becomes_its_pinned_job_and_an_admitted_status() -> None:
-    """One loop pass: the exact Job of build_job, the status Admitted with the placement, one Event."""
+    """One loop pass: the exact Job of build_job (telling the shared task its 8192 MiB budget), the status Admitted
+    with the placement, one Event."""
     parts = Parts()
     task = parts.submit("t", gpuMemory="8Gi")
     await parts.loop.run_once()
     placement = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
     (job,) = parts.client.all(JOBS, "ns")
-    expected = build_job(task, placement, attempt=1, queue="q")
+    expected = build_job(task, placement, attempt=1, queue="q", request=GpuRequest(1, memory_mib=8192))
     assert ({k: job[k] for k in ("spec",)}, job["metadata"]["annotations"]) == (
         {"spec": expected["spec"]},
         expected["metadata"]["annotations"],
@@ -429,3 +431,27 @@ async def test_gpunode_conditions_say_whether_the_kubelets_device_assignments_ar
         ([accepted, ("PodResourcesAvailable", "False", "SocketNotFound")], ["PodResourcesUnavailable"], 1),
         ([accepted, ("PodResourcesAvailable", "False", "Disabled")], ["PodResourcesUnavailable"], 1),
     ]
+
+
+async def test_dra_mode_makes_the_template_before_the_job_and_deletes_it_with_the_job() -> None:
+    """pinning dra: the ResourceClaimTemplate is created before the Job, deleting the task's Job deletes its template
+    (the claim of a pod goes with the pod), and a refused Job takes the template just made with it."""
+
+    def dra_calls(parts: Parts) -> list[tuple[str, str, str | None]]:
+        return [c for c in parts.client.calls if c[1] in ("resourceclaimtemplates", "jobs") and c[0] != "get"]
+
+    parts = Parts(Config(cycleInterval=0.2, pinning="dra"))
+    parts.submit("t")
+    await parts.loop.run_once()
+    await parts.executor.delete_job(parts.controller.tasks[TaskKey("ns/t")])
+    refused = Parts(Config(cycleInterval=0.2, pinning="dra"))
+    refused.client.fail("create", "jobs", status=422, message="refused")
+    refused.submit("u")
+    await refused.loop.run_once()
+    assert (dra_calls(parts), dra_calls(refused), refused.client.all(RESOURCECLAIMTEMPLATES, "ns")) == (
+        [("create", "resourceclaimtemplates", "t-1"), ("create", "jobs", "t-1"), ("delete", "jobs", "t-1"),
+         ("delete", "resourceclaimtemplates", "t-1")],
+        [("create", "resourceclaimtemplates", "u-1"), ("create", "jobs", "u-1"),
+         ("delete", "resourceclaimtemplates", "u-1")],
+        [],
+    )

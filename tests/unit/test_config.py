@@ -29,7 +29,8 @@ def load_error(tmp_path: Path, text: str) -> str:
 
 
 def test_no_file_gives_the_documented_defaults() -> None:
-    """Without a file: 60s grace, 120s heartbeat, 1s cycle, packing, gputask queueing, all namespaces."""
+    """Without a file: 60s grace, 120s heartbeat, 1s cycle, packing, gputask queueing, envvar pinning, no Job
+    RuntimeClass, all namespaces."""
     assert load_config(None).policy == DEFAULT_POLICY
     assert load_config(None).public() == {
         "apiVersion": "gputask.io/v1alpha1",
@@ -39,6 +40,8 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "cycleInterval": 1.0,
         "policy": "packing",
         "queueing": "gputask",
+        "pinning": "envvar",
+        "jobRuntimeClassName": "",
         "namespace": "",
         "foreignMemoryToleranceMiB": 1024,
         "leaderElection": False,
@@ -76,6 +79,7 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
     text = (
         "apiVersion: gputask.io/v1alpha1\nkind: Configuration\nnodeFailureGracePeriod: 2m\n"
         "cycleInterval: 500ms\nheartbeatStaleAfter: 30\npolicy: firstfit\nqueueing: kueue\nnamespace: ml\n"
+        "pinning: cdi\njobRuntimeClassName: nvidia-cdi\n"
     )
     assert load(tmp_path, text).public() == {
         "apiVersion": "gputask.io/v1alpha1",
@@ -85,6 +89,8 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "cycleInterval": 0.5,
         "policy": "firstfit",
         "queueing": "kueue",
+        "pinning": "cdi",
+        "jobRuntimeClassName": "nvidia-cdi",
         "namespace": "ml",
         "foreignMemoryToleranceMiB": 1024,
         "leaderElection": False,
@@ -134,6 +140,21 @@ def test_parse_duration_reads_every_documented_form() -> None:
         (
             "queueing: volcano",
             INVALID + "queueing: Input should be 'gputask' or 'kueue'",
+        ),
+        (
+            "pinning: nvidia",
+            INVALID + "pinning: Input should be 'envvar', 'cdi' or 'dra'",
+        ),
+        (
+            "jobRuntimeClassName: Nvidia_CDI",
+            INVALID + "jobRuntimeClassName: String should match pattern "
+            "'^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$'",
+        ),
+        (
+            "pinning: dra\nqueueing: kueue",
+            INVALID + "Value error, pinning: dra cannot be used with queueing: kueue: the Job is created before "
+            "gputask places it, and Kueue's podSetUpdates (labels, annotations, nodeSelector, tolerations) cannot give "
+            "its pods the resourceClaims that name the placed GPUs; use pinning: cdi or envvar with Kueue",
         ),
         (
             "cycleIntervall: 1s",

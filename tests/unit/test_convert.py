@@ -123,6 +123,11 @@ def test_gpus_outside_1_to_16_or_not_an_integer_is_invalid(gpus: Any, message: s
         ({"gpuFraction": "abc"}, "spec.gpuFraction must be a decimal string in (0, 1], got 'abc'"),
         ({"gpuProducts": "NVIDIA-A10"}, "spec.gpuProducts must be a list of product names, got 'NVIDIA-A10'"),
         ({"maxReschedules": 1001}, "spec.maxReschedules must be between 0 and 1000, got 1001"),
+        ({"gpuMemory": "4Gi", "gpuSharing": "mps"}, "spec.gpuSharing must be one of TimeSlicing, MPS, got 'mps'"),
+        ({"gpuSharing": "MPS"}, "spec.gpuSharing: MPS is for shared GPUs: set spec.gpuMemory, or a spec.gpuFraction "
+                                "below 1"),
+        ({"gpuFraction": "1", "gpuSharing": "MPS"}, "spec.gpuSharing: MPS is for shared GPUs: set spec.gpuMemory, or a "
+                                                    "spec.gpuFraction below 1"),
         (
                 {"template": "pod"},
                 'the pod template would be refused as a Job\'s: spec.template: Invalid value: "pod": must be an object',
@@ -147,6 +152,15 @@ def test_gpu_fraction_becomes_milli_gpu() -> None:
     """gpuFraction "0.25" is 250 milli-GPU, a shared request; "1" is a whole exclusive GPU."""
     quarter, whole = gpu_request({"gpuFraction": "0.25"}), gpu_request({"gpuFraction": "1"})
     assert (quarter, quarter.exclusive, whole.exclusive) == (GpuRequest(1, fraction_milli=250), False, True)
+
+
+def test_gpu_sharing_and_pinning_give_the_share_group() -> None:
+    """TimeSlicing (or nothing) is the group '', MPS 'MPS'; with DRA each namespace is a group of its own."""
+    cases = [({"gpuMemory": "4Gi"}, False), ({"gpuMemory": "4Gi", "gpuSharing": "MPS"}, False),
+             ({"gpuFraction": "0.5", "gpuSharing": "TimeSlicing"}, True),
+             ({"gpuMemory": "4Gi", "gpuSharing": "MPS"}, True), ({"gpus": 2}, True)]
+    groups = [gpu_request(spec, namespace="ml", per_namespace=dra).share_group for spec, dra in cases]
+    assert groups == ["", "MPS", "namespace ml", "namespace ml, MPS", ""]
 
 
 def test_a_missing_queue_is_missing_queue_name() -> None:

@@ -105,16 +105,23 @@ def test_gputask_spec_states_memory_and_fraction_exclusivity_in_cel_and_schema()
     """The GPUTask spec forbids gpuMemory with gpuFraction both with a CEL rule and with `not`."""
     schema = crdschema.openapi_schema(CRDS["GPUTask"])
     spec = schema["properties"]["spec"]
-    assert (schema["required"], spec["not"], spec["x-kubernetes-validations"]) == (
+    assert (schema["required"], spec["not"], spec["x-kubernetes-validations"][0]) == (
         ["spec"],
         {"required": ["gpuMemory", "gpuFraction"]},
-        [
-            {
-                "rule": "!(has(self.gpuMemory) && has(self.gpuFraction))",
-                "message": "set at most one of gpuMemory and gpuFraction",
-            }
-        ],
+        {
+            "rule": "!(has(self.gpuMemory) && has(self.gpuFraction))",
+            "message": "set at most one of gpuMemory and gpuFraction",
+        },
     )
+
+
+def test_gpu_sharing_mps_is_refused_for_whole_gpus_by_the_cel_rule() -> None:
+    """gpuSharing: MPS passes with gpuMemory or a fraction below 1 and fails the CEL rule without, or with "1"."""
+    spec = crdschema.openapi_schema(CRDS["GPUTask"])["properties"]["spec"]
+    cases = [{"gpuSharing": "MPS", "gpuMemory": "4Gi"}, {"gpuSharing": "MPS", "gpuFraction": "0.5"},
+             {"gpuSharing": "MPS"}, {"gpuSharing": "MPS", "gpuFraction": "1.000"}, {"gpuSharing": "TimeSlicing"}, {}]
+    failed = "gpuSharing: MPS is for shared GPUs: set gpuMemory, or a gpuFraction below 1"
+    assert [crdschema.rule_failures(spec, case) for case in cases] == [[], [], [failed], [failed], [], []]
 
 
 def test_examples_are_the_demo_objects_and_validate_against_their_crds() -> None:
@@ -167,6 +174,8 @@ def test_schemas_reject_exactly_the_bad_manifests() -> None:
         "gpuMemory -1Gi": task(gpuMemory="-1Gi"),
         "gpuMemory as an object": task(gpuMemory={"value": "12Gi"}),
         "gpuMemory and gpuFraction": task(gpuMemory="12Gi", gpuFraction="0.5"),
+        "gpuSharing MPS": task(gpuMemory="4Gi", gpuSharing="MPS"),
+        "gpuSharing Exclusive": task(gpuMemory="4Gi", gpuSharing="Exclusive"),
         "maxReschedules -1": task(maxReschedules=-1),
         "maxReschedules 1001": task(maxReschedules=1001),
         "unknown spec field": unknown_field,
@@ -189,6 +198,7 @@ def test_schemas_reject_exactly_the_bad_manifests() -> None:
         "gpuMemory -1Gi",
         "gpuMemory as an object",
         "gpuMemory and gpuFraction",
+        "gpuSharing Exclusive",
         "maxReschedules -1",
         "maxReschedules 1001",
         "unknown spec field",

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client as k8s_client
 
 from gputask.config import Config
+from gputask.core import GpuRequest, GpuSlot, NodeName, Placement
 from gputask.k8s import client as client_module
 from gputask.k8s import rbac
 from gputask.k8s.client import KubeClient, Resource
 from gputask.k8s.handlers import REBUILD_ORDER, Operator
+from gputask.k8s.pinner import Pinner
 from gputask.k8s.rbac import Grant
+from gputask.k8s.writer import Writer
+from gputask.metrics import OperatorMetrics
+from gputask.testing.fake import FakeKubeClient
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "gputask"
 # KubeClient method -> Kubernetes verb.
@@ -154,3 +160,44 @@ def test_the_operator_registers_event_handlers_only() -> None:
         len(resources) > 5,
         isinstance(operator_settings().persistence.diffbase_storage, EventsOnlyDiffBase),
     ) == ([], [], True, True)
+
+
+class Recording(FakeKubeClient):
+    """A fake client that also records (group, resource, verb) of every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grants: set[Grant] = set()
+
+    async def list(self, res: Resource, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        self.grants.add(Grant(res.group, res.plural, "list"))
+        return await super().list(res, *args, **kwargs)
+
+    async def get(self, res: Resource, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.grants.add(Grant(res.group, res.plural, "get"))
+        return await super().get(res, *args, **kwargs)
+
+    async def create(self, res: Resource, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.grants.add(Grant(res.group, res.plural, "create"))
+        return await super().create(res, *args, **kwargs)
+
+    async def delete(self, res: Resource, *args: Any, **kwargs: Any) -> bool:
+        self.grants.add(Grant(res.group, res.plural, "delete"))
+        return await super().delete(res, *args, **kwargs)
+
+
+async def test_the_pinning_checks_and_dra_objects_are_granted() -> None:
+    """Every call the Pinner makes (its check, DRA templates and shared claims made, found again, deleted, listed)
+    is granted: its resources are versioned at run time, out of the scanner's sight."""
+    client = Recording()
+    pinner = Pinner(Config(pinning="dra"), Writer(client), OperatorMetrics())
+    task = {"metadata": {"name": "t", "namespace": "ns", "uid": "u"}}
+    placement = Placement(NodeName("n"), (GpuSlot(0, "GPU-0", 4096),))
+    await pinner.check()
+    for request in (GpuRequest(1), GpuRequest(1, memory_mib=4096, share_group="namespace ns, MPS")):
+        await pinner.prepare(task, "t-1", request, placement)
+        await pinner.prepare(task, "t-1", request, placement)  # 409: read back
+    await pinner.job_deleted("ns", "t-1")
+    await pinner.collect({}, 1)
+    await pinner.rebuild([])
+    assert (sorted(client.grants - rbac.grants(rbac.OPERATOR)), len(client.grants)) == ([], 10)

@@ -88,7 +88,10 @@ heartbeatStaleAfter: {{ toYaml $c.heartbeatStaleAfter }}
 cycleInterval: {{ toYaml $c.cycleInterval }}
 policy: {{ toYaml $c.policy }}
 queueing: {{ toYaml $c.queueing }}
+pinning: {{ toYaml $c.pinning }}
+jobRuntimeClassName: {{ toYaml $c.jobRuntimeClassName }}
 namespace: {{ toYaml $c.namespace }}
+foreignMemoryToleranceMiB: {{ toYaml $c.foreignMemoryToleranceMiB }}
 leaderElection: {{ toYaml $c.leaderElection }}
 leaseName: {{ include "gputask.leaseName" . }}
 leaseNamespace: {{ include "gputask.leaseNamespace" . }}
@@ -97,6 +100,7 @@ leaseRenewDeadline: {{ toYaml $c.leaseRenewDeadline }}
 leaseRenewInterval: {{ toYaml $c.leaseRenewInterval }}
 podStartTimeout: {{ toYaml $c.podStartTimeout }}
 apiConcurrency: {{ toYaml $c.apiConcurrency }}
+queuePositionsTracked: {{ toYaml $c.queuePositionsTracked }}
 fairSharing:
   preemptionStrategies: {{ toJson $c.fairSharing.preemptionStrategies }}
 memoryBudget:

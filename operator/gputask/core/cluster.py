@@ -8,6 +8,7 @@ Invariants (checked by :meth:`ClusterState.violations` and the property tests):
 - on every GPU, reserved MiB + foreign MiB never exceed the GPU's memory for reservations
   made here (foreign use reported later can exceed it: that is the agent's truth);
 - an exclusive (whole-GPU) reservation is the only one on its GPU;
+- the shared reservations on one GPU all belong to one share group (``GpuRequest.share_group``);
 - a task is reserved on at most one node.
 
 For speed at thousands of nodes the state also keeps a :class:`NodeIndex`: per-node
@@ -42,14 +43,17 @@ class NodeState:
     """Mutable per-node accounting.
 
     ``reserved_mib[i]`` is the MiB reserved by gputask tasks on ``node.gpus[i]``;
-    ``exclusive[i]`` is True while a whole-GPU task holds it. ``generation`` increases on
-    every change so snapshots and caches can refresh only changed nodes.
+    ``exclusive[i]`` is True while a whole-GPU task holds it; ``groups[i]`` counts the shared
+    reservations on it per share group. ``generation`` increases on every change so snapshots and
+    caches can refresh only changed nodes.
     """
 
     node: Node
     reserved_mib: list[int]
     exclusive: list[bool]
     position: dict[int, int]
+    groups: list[dict[str, int]] = field(default_factory=list)
+    grouped: int = 0  # shared reservations of a group other than "" on the node (0: groups say nothing new)
     tasks: dict[TaskKey, Placement] = field(default_factory=dict)
     cpu_used: int = 0
     memory_used_mib: int = 0
@@ -60,7 +64,7 @@ class NodeState:
     def of(cls, node: Node) -> NodeState:
         """Return an empty state for ``node``."""
         n = len(node.gpus)
-        return cls(node, [0] * n, [False] * n, {g.index: i for i, g in enumerate(node.gpus)})
+        return cls(node, [0] * n, [False] * n, {g.index: i for i, g in enumerate(node.gpus)}, [{} for _ in range(n)])
 
     @property
     def name(self) -> NodeName:
@@ -73,6 +77,23 @@ class NodeState:
         if not gpu.healthy or self.exclusive[pos]:
             return 0
         return max(0, gpu.memory_mib - gpu.foreign_mib - self.reserved_mib[pos])
+
+    def admits(self, pos: int, group: str) -> bool:
+        """True when the GPU at ``pos`` may take a shared reservation of share group ``group``: it holds no
+        shared reservation of another group."""
+        held = self.groups[pos]
+        return not held or (len(held) == 1 and group in held)
+
+    def hold(self, pos: int, group: str, count: int) -> None:
+        """Count ``count`` (+1 or -1) shared reservations of ``group`` on the GPU at ``pos``."""
+        held = self.groups[pos]
+        left = held.get(group, 0) + count
+        if left > 0:
+            held[group] = left
+        else:
+            held.pop(group, None)
+        if group:
+            self.grouped += count
 
     def is_idle(self, pos: int) -> bool:
         """True when the GPU at ``pos`` is healthy and holds nothing (ours or foreign)."""
@@ -222,6 +243,8 @@ def _placement_key(state: NodeState) -> tuple[object, ...]:
         tuple((g.index, g.product, g.memory_mib, g.healthy, g.foreign_mib) for g in node.gpus),
         tuple(state.reserved_mib),
         tuple(state.exclusive),
+        # Groups tell placement more than reserved_mib and exclusive only where a group other than "" holds a GPU.
+        tuple(tuple(sorted(held)) for held in state.groups) if state.grouped else (),
         state.cpu_used,
         state.memory_used_mib,
     )
@@ -266,6 +289,8 @@ class ClusterState:
                         continue
                     state.reserved_mib[pos] += slot.memory_mib
                     state.exclusive[pos] = state.exclusive[pos] or exclusive
+                    if not exclusive:
+                        state.hold(pos, self._reservations[key].task.request.share_group, 1)
             state.cpu_used, state.memory_used_mib = old.cpu_used, old.memory_used_mib
             state.ephemeral_used_mib = old.ephemeral_used_mib
             state.generation = old.generation + 1
@@ -363,11 +388,13 @@ class ClusterState:
                 return
             raise OverCommitError(f"{task.key} is already reserved")
         state = self.node(placement.node)
-        exclusive = task.request.exclusive
-        positions = self._known(state, placement) if force else self._check_fits(state, placement, exclusive)
+        exclusive, group = task.request.exclusive, task.request.share_group
+        positions = self._known(state, placement) if force else self._check_fits(state, placement, exclusive, group)
         for pos, slot in positions:
             state.reserved_mib[pos] += slot.memory_mib
             state.exclusive[pos] = state.exclusive[pos] or exclusive
+            if not exclusive:
+                state.hold(pos, group, 1)
         state.cpu_used += task.cpu_milli
         state.memory_used_mib += task.memory_mib
         state.ephemeral_used_mib += task.ephemeral_mib
@@ -381,7 +408,9 @@ class ClusterState:
         found = ((state.position.get(slot.index), slot) for slot in placement.gpus)
         return [(pos, slot) for pos, slot in found if pos is not None and state.node.gpus[pos].uuid == slot.uuid]
 
-    def _check_fits(self, state: NodeState, placement: Placement, exclusive: bool) -> list[tuple[int, GpuSlot]]:
+    def _check_fits(
+        self, state: NodeState, placement: Placement, exclusive: bool, group: str
+    ) -> list[tuple[int, GpuSlot]]:
         positions: list[tuple[int, GpuSlot]] = []
         for slot in placement.gpus:
             pos = state.position.get(slot.index)
@@ -392,6 +421,9 @@ class ClusterState:
                 raise OverCommitError(f"{state.name}: GPU {slot.index} is {gpu.uuid}, not {slot.uuid}")
             if exclusive and not state.is_idle(pos):
                 raise OverCommitError(f"{state.name}: GPU {slot.index} is not idle")
+            if not exclusive and not state.admits(pos, group):
+                held = sorted(state.groups[pos])
+                raise OverCommitError(f"{state.name}: GPU {slot.index} is shared by share group {held}, not {group!r}")
             if slot.memory_mib > state.free_mib(pos):
                 raise OverCommitError(
                     f"{state.name}: GPU {slot.index} has {state.free_mib(pos)} MiB free, {slot.memory_mib} MiB asked"
@@ -413,6 +445,8 @@ class ClusterState:
                     state.reserved_mib[pos] -= slot.memory_mib
                     if res.exclusive:
                         state.exclusive[pos] = False
+                    else:
+                        state.hold(pos, res.task.request.share_group, -1)
             state.cpu_used -= res.task.cpu_milli
             state.memory_used_mib -= res.task.memory_mib
             state.ephemeral_used_mib -= res.task.ephemeral_mib
@@ -431,7 +465,8 @@ class ClusterState:
 
     # -- checks ----------------------------------------------------------------------------
     def overcommitted(self, placement: Placement) -> bool:
-        """Whether a GPU of ``placement`` holds more MiB than it has, or is shared while held whole."""
+        """Whether a GPU of ``placement`` holds more MiB than it has, is shared while held whole, or is shared by
+        two share groups."""
         if not self.has_node(placement.node):
             return False
         state = self.node(placement.node)
@@ -441,6 +476,8 @@ class ClusterState:
                 continue
             holders = sum(1 for p in state.tasks.values() if slot.index in p.indices)
             if state.reserved_mib[pos] > state.node.gpus[pos].memory_mib or (state.exclusive[pos] and holders > 1):
+                return True
+            if len(state.groups[pos]) > 1:
                 return True
         return False
 
@@ -456,6 +493,8 @@ class ClusterState:
                     out.append(
                         f"{state.name} GPU {gpu.index}: {state.reserved_mib[pos]} MiB reserved > {gpu.memory_mib} MiB"
                     )
+                if len(state.groups[pos]) > 1:
+                    out.append(f"{state.name} GPU {gpu.index}: shared by share groups {sorted(state.groups[pos])}")
                 if state.exclusive[pos]:
                     if holders is None:
                         holders = Counter(i for p in state.tasks.values() for i in set(p.indices))

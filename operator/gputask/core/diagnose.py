@@ -346,7 +346,8 @@ def _gpu_changes(scheduler: Scheduler, states: list[NodeState], task: Task, wher
     for state in states:
         if not _only(state, task, Filter.GPU):
             continue
-        gpus = [(pos, g) for pos, g in enumerate(state.node.gpus) if g.healthy and req.allows(g.product)]
+        gpus = [(pos, g) for pos, g in enumerate(state.node.gpus) if g.healthy and req.allows(g.product)
+                and (req.exclusive or state.admits(pos, req.share_group))]  # another share group's GPU never fits
         if len(gpus) < req.count:
             continue
         if req.exclusive:

@@ -120,13 +120,18 @@ class GpuRequest:
 
     ``products`` restricts the allowed GPU products (empty = any product but MIG devices: a MIG device
     has a fraction of a GPU's compute, so only a task that names its product gets one, as the device
-    plugin's mixed strategy makes pods ask for ``nvidia.com/mig-<profile>`` by name).
+    plugin's mixed strategy makes pods ask for ``nvidia.com/mig-<profile>`` by name). ``share_group`` names
+    the tasks a shared (non-exclusive) request may share a GPU with: only tasks of the same group (``""``, the
+    default group, shares with ``""`` only). The operator derives it from how the GPU is shared (CUDA MPS clients
+    cannot share a GPU with processes outside MPS) and, with Dynamic Resource Allocation, from the namespace (one
+    ResourceClaim holds a device, and a pod can use only claims of its own namespace). Exclusive requests ignore it.
     """
 
     count: int
     memory_mib: int | None = None
     fraction_milli: int | None = None
     products: frozenset[str] = field(default_factory=frozenset)
+    share_group: str = ""
 
     @property
     def exclusive(self) -> bool:

@@ -48,7 +48,8 @@ distinct set of picked GPU sizes in a search and reuses the answer for alike can
 def feasible_gpus(state: NodeState, task: Task) -> list[int]:
     """Positions of GPUs on ``state`` that could each hold one GPU of ``task``.
 
-    Checks health, product, exclusivity (whole-GPU tasks need idle GPUs) and free MiB.
+    Checks health, product, exclusivity (whole-GPU tasks need idle GPUs), free MiB and the share group
+    (a shared GPU takes only tasks of the group already on it).
     Node-level checks (schedulable, CPU, host memory, count) are in :func:`node_fits`.
     """
     req = task.request
@@ -57,11 +58,13 @@ def feasible_gpus(state: NodeState, task: Task) -> list[int]:
     if req.exclusive:
         return [pos for pos, gpu in enumerate(gpus) if allows(gpu.product) and state.is_idle(pos)]
     out: list[int] = []
+    group, groups = req.share_group, state.groups
     for pos, gpu in enumerate(gpus):
         if not allows(gpu.product):
             continue
         need = req.mib_on(gpu)
-        if state.free_mib(pos) >= need and need <= gpu.memory_mib:
+        held = groups[pos]  # state.admits, inlined: this loop is placement's hottest
+        if state.free_mib(pos) >= need and need <= gpu.memory_mib and (not held or (len(held) == 1 and group in held)):
             out.append(pos)
     return out
 

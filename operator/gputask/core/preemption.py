@@ -395,6 +395,7 @@ def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bo
     freed = {"cpu": 0, "memory": 0, "storage": 0}
     mib = [0] * len(node.gpus)
     held = [False] * len(node.gpus)
+    groups_left = [dict(g) for g in state.groups]  # shared reservations per share group once the victims are gone
     for victim in victims:
         freed["cpu"] += victim.task.cpu_milli
         freed["memory"] += victim.task.memory_mib
@@ -404,6 +405,9 @@ def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bo
             if pos is not None and node.gpus[pos].uuid == slot.uuid:
                 mib[pos] += slot.memory_mib
                 held[pos] = True
+                if not victim.task.request.exclusive:
+                    group = victim.task.request.share_group
+                    groups_left[pos][group] = groups_left[pos].get(group, 0) - 1
     for free, need, key in ((state.cpu_free, task.cpu_milli, "cpu"), (state.memory_free_mib, task.memory_mib, "memory"),
                             (state.ephemeral_free_mib, task.ephemeral_mib, "storage")):
         if free is not None and need > free + freed[key]:
@@ -420,7 +424,8 @@ def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bo
         if req.exclusive:
             usable += reserved <= 0 and gpu.foreign_mib == 0
         elif not exclusive and gpu.memory_mib - gpu.foreign_mib - reserved >= req.mib_on(gpu):
-            usable += req.mib_on(gpu) <= gpu.memory_mib
+            other_groups = any(count > 0 and g != req.share_group for g, count in groups_left[pos].items())
+            usable += req.mib_on(gpu) <= gpu.memory_mib and not other_groups
     return usable >= req.count
 
 

@@ -183,6 +183,8 @@ def gpu_refusal(state: NodeState, task: Task, *, ever: bool = False) -> Refusal 
         return Refusal(Filter.GPU, text)
     if req.exclusive:
         return Refusal(Filter.GPU, f"fewer than {req.count} idle GPUs" if req.count > 1 else "no idle GPU")
+    if not ever and any(not state.admits(pos, req.share_group) for pos in range(len(gpus))):
+        need += f" not shared by tasks outside share group {req.share_group!r}"
     return Refusal(Filter.GPU, f"fewer than {req.count} GPUs with {need}" if req.count > 1 else f"no GPU with {need}")
 
 

@@ -108,6 +108,16 @@ CONFIGMAPS = Resource("", "v1", "configmaps")
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads")
 LOCALQUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues")
 ADMISSIONCHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", namespaced=False)
+RUNTIMECLASSES = Resource("node.k8s.io", "v1", "runtimeclasses", namespaced=False)
+# Dynamic Resource Allocation: written at ``v1`` here; :func:`at_version` gives v1beta1 (Kubernetes 1.32 and 1.33).
+DEVICECLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", namespaced=False)
+RESOURCECLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims")
+RESOURCECLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates")
+
+
+def at_version(res: Resource, version: str) -> Resource:
+    """The same resource at another version of its group."""
+    return Resource(res.group, version, res.plural, res.namespaced)
 
 
 def load_api_client(

@@ -390,6 +390,7 @@ class Controller:
                 priority_of=lambda name: inv.priority_of(name, kueue=False),
                 workload_priority_of=lambda name: inv.priority_of(name, kueue=True),
                 namespace_labels=inv.labels_of(namespace),
+                share_per_namespace=self.config.pinning == "dra",
             )
         except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError, IndexError) as exc:
             # A converter bug on odd input must fail this task, not the handler or every rebuild.

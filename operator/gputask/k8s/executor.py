@@ -1,10 +1,12 @@
 """Carry out the core's decisions and the controller's reports through the API.
 
-- Admit: create the pinned Job (409 with our placement = already done), then record the admission.
-  A Job the API server refuses (422 Invalid, 403 quota, any error) gives the task back to the core,
+- Admit: create what the pinning needs (DRA claims, :class:`~gputask.k8s.pinner.Pinner`), then the pinned Job
+  (409 with our placement = already done), then record the admission.
+  A Job (or claim) the API server refuses (422 Invalid, 403 quota, any error) gives the task back to the core,
   which holds it back for a backoff (10 s doubling to 5 min; a new spec starts over), and the task
   says why: condition ``Admitted=False`` reason ``JobRejected`` with the API's message, and a
-  Warning Event. At most one failed Job create per task per backoff step.
+  Warning Event. At most one failed Job create per task per backoff step. While the configured pinning cannot
+  work in the cluster, admissions back off the same way with reason ``PinningUnavailable``.
 - Pending: the wait reason; Evict: the task requeued, its Job deleted (retried with backoff until
   it is gone, its GPUs held meanwhile); Fail: Failed for good.
 Every write goes through the :class:`~gputask.k8s.writer.Writer`; every task transition through
@@ -36,6 +38,8 @@ from gputask.k8s.client import (
 from gputask.k8s.controller import Controller, JobRecord, Report
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
 from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
+from gputask.k8s.pinner import PINNING_UNAVAILABLE, Pinner
+from gputask.k8s.pinning import Pinning
 from gputask.k8s.queue_status import QueueUpkeep
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe, set_condition
 from gputask.k8s.writer import Writer, now_rfc3339
@@ -48,6 +52,7 @@ JOB_REJECTED = "JobRejected"
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 300.0
 FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting", "GPUMemoryExceeded")
+BACKOFF_REASONS = (JOB_REJECTED, PINNING_UNAVAILABLE)  # waits said once, when the admission was refused
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # metav1.Condition's reason pattern
 
 
@@ -95,7 +100,13 @@ class Executor:
         self.metrics = metrics or writer.metrics
         self.deletions: dict[str, Deletion] = {}  # Job key -> deletion to retry
         self.queues = QueueUpkeep(controller, writer)
+        self.pinner = Pinner(controller.config, writer, self.metrics)
         self._limit = asyncio.Semaphore(concurrency)
+
+    @property
+    def pinning(self) -> Pinning:
+        """How Jobs are pinned (the configured mode, RuntimeClass and the DRA version the cluster serves)."""
+        return self.pinner.pinning
 
     def reset(self) -> None:
         """Forget the deletions and status writes still to retry (a rebuild finds again what is owed)."""
@@ -136,15 +147,24 @@ class Executor:
         attempt = record.attempt + 1
         record.conditions.pop(GPU_MEMORY_WITHIN_BUDGET, None)  # judged anew for the new placement
         flavor = scheduler.flavors.get(decision.task.flavor) if decision.task.flavor else None
+        unpinnable = await self.pinner.refusal(decision.placement)
+        if unpinnable is not None:
+            await self._rejected(record, unpinnable, PINNING_UNAVAILABLE)
+            return
         try:
             job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue,
-                            flavor=decision.task.flavor, tolerations=flavor.tolerations if flavor else ())
+                            flavor=decision.task.flavor, tolerations=flavor.tolerations if flavor else (),
+                            pinning=self.pinning, request=decision.task.request)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # conversion should have refused it
             log.error("building the Job of %s failed: %r", key, exc)
             await self._rejected(record, f"the pod template cannot be made into a Job: {exc!r}")
             return
         name, placement = job["metadata"]["name"], decision.placement
         try:
+            refused = await self.pinner.prepare(record.obj, name, decision.task.request, placement)
+            if refused is not None:
+                await self._rejected(record, refused)
+                return
             await self.writer.create(JOBS, job, record.namespace)
         except AlreadyExists:
             found = await self._existing(record, job)
@@ -155,6 +175,7 @@ class Executor:
             scheduler.requeue(key)  # not leading any more: the next leader decides
             return
         except ApiError as exc:
+            await self.pinner.job_deleted(record.namespace, name)  # its ResourceClaimTemplate, made just before
             await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
             return
         if attempt == 1 and decision.task.created:
@@ -193,8 +214,8 @@ class Executor:
             log.info("Job %s/%s exists already: taking it as created", meta["namespace"], meta["name"])
         return placement
 
-    async def _rejected(self, record: TaskRecord, why: str) -> None:
-        """Give the task back to the core, held back for the next backoff step, and say why."""
+    async def _rejected(self, record: TaskRecord, why: str, reason: str = JOB_REJECTED) -> None:
+        """Give the task back to the core, held back for the next backoff step, and say why (``reason``)."""
         scheduler, backoff = self.controller.scheduler, record.backoff
         if backoff.generation != record.generation:
             backoff.failures = 0
@@ -204,16 +225,16 @@ class Executor:
         backoff.retry_at = time.monotonic() + delay
         message = f"{why}; retried in {delay:g}s (attempt {backoff.failures})"
         scheduler.requeue(record.key)
-        scheduler.defer(record.key, time.time() + delay, JOB_REJECTED, message)
+        scheduler.defer(record.key, time.time() + delay, reason, message)
         log.warning("task %s: %s", record.key, message)
-        await self.transitions.rejected(record, JOB_REJECTED, message)
+        await self.transitions.rejected(record, reason, message)
 
     async def pending(self, decision: Pending) -> None:
         """Record why a task waits (an Event only for a new reason)."""
         record = self.controller.tasks.get(decision.task.key)
         if record is None or record.phase != PENDING or record.blocked is not None or record.invalid is not None:
             return
-        if decision.reason == JOB_REJECTED and record.last_wait == (decision.reason, decision.message):
+        if decision.reason in BACKOFF_REASONS and record.last_wait == (decision.reason, decision.message):
             return  # said already when the Job was refused
         position = decision.position if decision.position >= 0 else None
         await self.transitions.waiting(record, decision.reason, decision.message, position)
@@ -297,6 +318,7 @@ class Executor:
             log.warning("deleting Job %s failed (%s); retried in %gs", job_key, exc, backoff_s(deletion.failures))
             return
         del self.deletions[job_key]
+        await self.pinner.job_deleted(job.namespace, job.name)
         if not existed:
             self.controller.job_gone(job)
 
@@ -393,6 +415,11 @@ class Executor:
                 inventory.device_said[name] = (devices.available, devices.reason)
                 if not devices.available and said != (False, devices.reason) and devices.reason != "Disabled":
                     await self.writer.event(involved, "Warning", "PodResourcesUnavailable", conditions[-1]["message"])
+
+    async def collect_claims(self) -> None:
+        """Delete the shared ResourceClaims (dra mode) no reservation uses any more (:meth:`Pinner.collect`)."""
+        scheduler = self.controller.scheduler
+        await self.pinner.collect(scheduler.cluster.reservations(), scheduler.ledger.version)
 
     async def keep_queue_finalizers(self) -> None:
         """The queue-in-use finalizer on every GPUClusterQueue and GPULocalQueue (:class:`QueueUpkeep`)."""

@@ -151,12 +151,26 @@ class Operator:
         self._buffer.append((handler, event))
         return True
 
+    def own_pod(self) -> dict[str, str] | None:
+        """The operator's own Pod as an Event's involvedObject (``POD_NAME`` and ``POD_NAMESPACE``, which the chart
+        sets from the downward API), or None when not running in one."""
+        name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+        if not name or not namespace:
+            return None
+        return {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
+
     async def lead(self) -> None:
-        """Become the scheduling instance: rebuild (again after a failure, every 5 s), then run the loop."""
+        """Become the scheduling instance: check what the cluster offers for pinning GPUs, rebuild (again after a
+        failure, every 5 s), then run the loop."""
         self.leading = True
+        try:
+            await self.executor.pinner.check(self.own_pod())
+        except Exception:  # a bug in the check must not keep the leader from leading; admissions say what is wrong
+            log.exception("checking what the cluster offers for GPU pinning failed")
         while True:
             try:
                 await self.rebuild()
+                await self.executor.pinner.rebuild(self.controller.jobs)
                 break
             except Exception:  # a listing refused, or a bug: retry rather than lead without a loop
                 log.exception("rebuilding the operator's state failed; retried in 5s")

@@ -3,41 +3,34 @@
 Pure functions: the executor sends what :func:`build_job` returns. The Job is pinned with a
 required node affinity on the node's name (``matchFields`` ``metadata.name``, as the DaemonSet
 controller pins its pods: the ``kubernetes.io/hostname`` label may differ from the name; not
-``nodeName``, so kube-scheduler still runs its filters), gets ``NVIDIA_VISIBLE_DEVICES`` with the
-GPU UUIDs in every container (and no ``nvidia.com/gpu`` request, which would let the device plugin pick other GPUs), and
-carries its placement as JSON so a restarted operator can rebuild its state from Jobs alone.
+``nodeName``, so kube-scheduler still runs its filters), gets its GPUs the configured way
+(:mod:`gputask.k8s.pinning`: ``NVIDIA_VISIBLE_DEVICES``, a CDI annotation, or DRA claims, :mod:`gputask.k8s.dra`),
+never an ``nvidia.com/gpu`` request (the device plugin would pick other GPUs), and carries its placement as JSON so
+a restarted operator can rebuild its state from Jobs alone.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gputask.core import GpuSlot, NodeName, Placement
+from gputask.core import GpuRequest, GpuSlot, NodeName, Placement
 from gputask.core.fit import Toleration
+from gputask.k8s import dra
+from gputask.k8s.names import API_VERSION, MAX_NAME, TASK_LABEL, fit_name
+from gputask.k8s.pinning import ENVVAR, VISIBLE_DEVICES, Pinning, budget_of, pin_pod
 
-API_VERSION = "gputask.io/v1alpha1"
-TASK_LABEL = "gputask.io/task"
 QUEUE_LABEL = "gputask.io/queue"
 FLAVOR_LABEL = "gputask.io/flavor"
 FLAVOR_ANNOTATION = "gputask.io/flavor"
 PLACEMENT_ANNOTATION = "gputask.io/placement"
 ATTEMPT_ANNOTATION = "gputask.io/attempt"
 TASK_UID_ANNOTATION = "gputask.io/task-uid"
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NODE_NAME_FIELD = "metadata.name"
-MAX_NAME = 63
-
-
-def fit_name(base: str, limit: int = MAX_NAME) -> str:
-    """``base`` if it fits ``limit`` chars, else a prefix plus a 10-hex hash of the whole."""
-    if len(base) <= limit:
-        return base
-    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
-    return f"{base[: limit - 11].rstrip('-.')}-{digest}"
+__all__ = ["API_VERSION", "MAX_NAME", "TASK_LABEL", "VISIBLE_DEVICES", "build_job", "fit_name", "job_name",
+           "job_shell", "parse_placement", "placement_annotation"]
 
 
 def job_name(task_name: str, attempt: int) -> str:
@@ -73,9 +66,9 @@ def parse_placement(text: str | None) -> Placement | None:
         return None
 
 
-def _pin_pod_spec(pod_spec: dict[str, Any], node: str, uuids: str) -> None:
+def pin_node(pod_spec: dict[str, Any], node: str) -> None:
     """Require the node in every nodeSelectorTerm (terms are ORed: one term without it would let the
-    pod run elsewhere), keeping the user's own terms and preferred affinity; set the GPUs."""
+    pod run elsewhere), keeping the user's own terms and preferred affinity."""
     affinity = pod_spec["affinity"] = dict(pod_spec.get("affinity") or {})
     node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
     required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
@@ -86,23 +79,6 @@ def _pin_pod_spec(pod_spec: dict[str, Any], node: str, uuids: str) -> None:
         term["matchFields"] = [*(term.get("matchFields") or []), pin]
     required["nodeSelectorTerms"] = terms
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
-    set_visible_devices(pod_spec, {"name": VISIBLE_DEVICES, "value": uuids})
-
-
-def set_visible_devices(pod_spec: dict[str, Any], env_var: Mapping[str, Any]) -> None:
-    """Give every container ``env_var`` as its ``NVIDIA_VISIBLE_DEVICES`` and no ``nvidia.com/gpu``
-    request (the device plugin must not pick other GPUs); restartPolicy Never unless set."""
-    if pod_spec.get("restartPolicy") is None:
-        pod_spec["restartPolicy"] = "Never"
-    for kind in ("initContainers", "containers"):
-        for container in pod_spec.get(kind) or []:
-            env = [e for e in container.get("env") or [] if e.get("name") != VISIBLE_DEVICES]
-            env.append(dict(env_var))
-            container["env"] = env
-            for section in ("limits", "requests"):
-                resources = (container.get("resources") or {}).get(section)
-                if isinstance(resources, dict):
-                    resources.pop("nvidia.com/gpu", None)
 
 
 def build_job(
@@ -113,13 +89,18 @@ def build_job(
     queue: str,
     flavor: str = "",
     tolerations: Iterable[Toleration] = (),
+    pinning: Pinning = ENVVAR,
+    request: GpuRequest | None = None,
 ) -> dict[str, Any]:
     """The Job for ``task_obj`` (a GPUTask dict with metadata.uid) admitted with ``placement``, in the
     ResourceFlavor ``flavor`` (label ``gputask.io/flavor``) whose ``tolerations`` its pods get (Kueue
-    adds a flavor's tolerations to the pods it admits in it).
+    adds a flavor's tolerations to the pods it admits in it), pinned the ``pinning`` way. ``request`` is the
+    task's GPU request (its share group and MPS; default: whole GPUs, so no memory budget).
 
-    Raises KeyError when the task has no name, namespace or uid (the caller converts first).
+    Raises KeyError when the task has no name, namespace or uid (the caller converts first), ValueError for a
+    GPU UUID that cannot be written as a CDI name or a DRA selector.
     """
+    request = request or GpuRequest(len(placement.gpus))
     annotation = placement_annotation(placement)
     job = job_shell(task_obj, attempt=attempt, queue=queue, annotations={PLACEMENT_ANNOTATION: annotation})
     if flavor:  # the label selects (its value fitted to 63 characters); the annotation keeps the exact name
@@ -130,11 +111,14 @@ def build_job(
     if added:
         own = template["spec"].get("tolerations") or []
         template["spec"]["tolerations"] = [*own, *(t for t in added if t not in own)]
-    template["metadata"]["annotations"] = {
+    pod_annotations = template["metadata"]["annotations"] = {
         **(template["metadata"].get("annotations") or {}),
         PLACEMENT_ANNOTATION: annotation,
     }
-    _pin_pod_spec(template["spec"], placement.node, ",".join(g.uuid for g in placement.gpus))
+    pin_node(template["spec"], placement.node)
+    pin_pod(template["spec"], pod_annotations, placement, pinning, budget_of(request, placement))
+    if pinning.mode == "dra":
+        dra.claims_for(job["metadata"]["name"], request, placement).apply(template["spec"])
     return job
 
 

@@ -3,14 +3,16 @@
 1. Every valid GPUTask gets its Job at once (:func:`build_kueue_job`): suspended, labelled
    ``kueue.x-k8s.io/queue-name`` with the task's queue (a Kueue LocalQueue), with no node
    affinity; each container's ``NVIDIA_VISIBLE_DEVICES`` comes from the pod annotation
-   ``gputask.io/visible-devices`` through the downward API.
+   ``gputask.io/visible-devices`` through the downward API (``void`` with ``pinning: cdi``), and a shared
+   task's memory budget from ``gputask.io/gpu-memory-mib`` (and ``gputask.io/mps-pinned-device-mem-limit``).
 2. Kueue creates a Workload for the Job and reserves quota in a ClusterQueue that lists the
    AdmissionCheck ``gputask-placement`` (controllerName ``gputask.io/placement``), which gputask
    creates and marks Active at start.
 3. For each such Workload with quota reserved and the check Pending, gputask finds a placement
    with the core on its cluster state, reserves it under the task's key (so it is never
    double-booked), and answers the check: Ready with ``podSetUpdates`` (a hostname
-   nodeSelector and the annotations ``gputask.io/placement`` and ``gputask.io/visible-devices``),
+   nodeSelector and the annotations ``gputask.io/placement``, ``gputask.io/visible-devices`` or the CDI
+   annotation ``cdi.k8s.io/gputask``, and the budget's: :func:`~gputask.k8s.kueue_api.pod_set_annotations`),
    or Retry with the reason when no GPU has room (Kueue releases the quota and requeues the
    Workload; its check comes back Pending and is answered again).
 4. Kueue merges the podSetUpdates into the Job's pod template and unsuspends it.
@@ -37,7 +39,6 @@ from gputask.core.reasons import explain
 from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
-from gputask.k8s.jobs import PLACEMENT_ANNOTATION, placement_annotation
 from gputask.k8s.kueue_api import (
     CHECK_NAME,
     CHECK_PENDING,
@@ -45,7 +46,6 @@ from gputask.k8s.kueue_api import (
     CHECK_RETRY,
     CONTROLLER_NAME,
     HOSTNAME_LABEL,
-    VISIBLE_DEVICES_ANNOTATION,
     admission_check,
     build_kueue_job,
     check_answer,
@@ -53,6 +53,7 @@ from gputask.k8s.kueue_api import (
     condition,
     condition_true,
     owner_job,
+    pod_set_annotations,
     pod_set_name,
     quota_reserved,
     ready_placement,
@@ -192,7 +193,8 @@ class KueueAdmission:
                 await self.executor.transitions.finished(record, job.outcome)
             return
         attempt = record.attempt + 1
-        body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue)
+        body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue, pinning=self.executor.pinning,
+                               request=record.task.request)
         namespace = body["metadata"]["namespace"]
         try:
             created = await self.writer.create(JOBS, body, namespace)
@@ -246,13 +248,12 @@ class KueueAdmission:
     def _pod_set_update(self, wl: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
         node = self.controller.inventory.nodes.get(placement.node) or {}
         hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL, placement.node)
+        record = self._record_of(wl)
+        request = record.task.request if record is not None and record.task is not None else None
         return {
             "name": pod_set_name(wl),
             "nodeSelector": {HOSTNAME_LABEL: hostname},
-            "annotations": {
-                PLACEMENT_ANNOTATION: placement_annotation(placement),
-                VISIBLE_DEVICES_ANNOTATION: ",".join(g.uuid for g in placement.gpus),
-            },
+            "annotations": pod_set_annotations(placement, self.executor.pinning, request),
         }
 
     async def _admitted(self, record: TaskRecord, wl: Mapping[str, Any], placement: Placement) -> None:

@@ -13,14 +13,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gputask.core import Placement
-from gputask.k8s.jobs import PLACEMENT_ANNOTATION, VISIBLE_DEVICES, job_shell, parse_placement, set_visible_devices
+from gputask.core import GpuRequest, Placement
+from gputask.k8s.jobs import PLACEMENT_ANNOTATION, job_shell, parse_placement, placement_annotation
+from gputask.k8s.pinning import (
+    ENVVAR,
+    MEMORY_BUDGET_ENV,
+    MPS_LIMIT_ENV,
+    VISIBLE_DEVICES,
+    Pinning,
+    budget_of,
+    cdi_annotation,
+    is_mps,
+    prepare_pod,
+    set_env,
+    visible_devices,
+)
 from gputask.k8s.writer import now_rfc3339
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 CHECK_NAME = "gputask-placement"
 CONTROLLER_NAME = "gputask.io/placement"
 VISIBLE_DEVICES_ANNOTATION = "gputask.io/visible-devices"
+MEMORY_BUDGET_ANNOTATION = "gputask.io/gpu-memory-mib"
+MPS_LIMIT_ANNOTATION = "gputask.io/mps-pinned-device-mem-limit"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
@@ -28,8 +43,21 @@ DEFAULT_POD_SET = "main"  # Kueue's PodSet name for a batch/v1 Job
 CHECK_PENDING, CHECK_READY, CHECK_RETRY = "Pending", "Ready", "Retry"
 
 
-def build_kueue_job(task_obj: Mapping[str, Any], *, attempt: int, queue: str) -> dict[str, Any]:
-    """The suspended Job of a task in Kueue mode; Kueue admits it, gputask's podSetUpdates pin it."""
+def _from_annotation(name: str, annotation: str) -> dict[str, Any]:
+    """An EnvVar reading the pod annotation ``annotation`` through the downward API."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{annotation}']"}}}
+
+
+def build_kueue_job(
+    task_obj: Mapping[str, Any], *, attempt: int, queue: str, pinning: Pinning = ENVVAR,
+    request: GpuRequest | None = None,
+) -> dict[str, Any]:
+    """The suspended Job of a task in Kueue mode; Kueue admits it, gputask's podSetUpdates pin it.
+
+    Its containers read what depends on the placement from pod annotations the podSetUpdate adds
+    (:func:`pod_set_annotations`) through the downward API: ``NVIDIA_VISIBLE_DEVICES`` in envvar mode (``void`` in cdi
+    mode, whose devices come in the CDI annotation), and for a shared request ``GPUTASK_GPU_MEMORY_MIB`` (and
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` with MPS). ``pinning: dra`` is refused with Kueue by the configuration."""
     job = job_shell(task_obj, attempt=attempt, queue=queue, annotations={})
     labels = job["metadata"]["labels"]
     labels[QUEUE_NAME_LABEL] = queue
@@ -37,10 +65,35 @@ def build_kueue_job(task_obj: Mapping[str, Any], *, attempt: int, queue: str) ->
     if priority:
         labels[PRIORITY_CLASS_LABEL] = priority
     job["spec"]["suspend"] = True
-    field_path = f"metadata.annotations['{VISIBLE_DEVICES_ANNOTATION}']"
-    env_var = {"name": VISIBLE_DEVICES, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
-    set_visible_devices(job["spec"]["template"]["spec"], env_var)
+    pod_spec = job["spec"]["template"]["spec"]
+    prepare_pod(pod_spec, pinning)
+    env = [
+        _from_annotation(VISIBLE_DEVICES, VISIBLE_DEVICES_ANNOTATION) if pinning.mode == "envvar"
+        else {"name": VISIBLE_DEVICES, "value": visible_devices(pinning, [])}
+    ]
+    if request is not None and not request.exclusive:
+        env.append(_from_annotation(MEMORY_BUDGET_ENV, MEMORY_BUDGET_ANNOTATION))
+        if is_mps(request):
+            env.append(_from_annotation(MPS_LIMIT_ENV, MPS_LIMIT_ANNOTATION))
+    set_env(pod_spec, env)
     return job
+
+
+def pod_set_annotations(placement: Placement, pinning: Pinning, request: GpuRequest | None = None) -> dict[str, str]:
+    """The annotations a podSetUpdate gives the pods of a placed Job: the placement, the devices (envvar: for
+    ``NVIDIA_VISIBLE_DEVICES``; cdi: the CDI annotation itself) and the memory budget of a shared request."""
+    uuids = [g.uuid for g in placement.gpus]
+    out = {PLACEMENT_ANNOTATION: placement_annotation(placement)}
+    if pinning.mode == "cdi":
+        out.update(cdi_annotation(uuids))
+    else:
+        out[VISIBLE_DEVICES_ANNOTATION] = ",".join(uuids)
+    budget = budget_of(request, placement) if request is not None else None
+    if budget is not None:
+        out[MEMORY_BUDGET_ANNOTATION] = str(budget.memory_mib)
+        if budget.mps:
+            out[MPS_LIMIT_ANNOTATION] = budget.mps_limit()
+    return out
 
 
 def admission_check() -> dict[str, Any]:

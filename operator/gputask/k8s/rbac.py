@@ -25,6 +25,7 @@ from typing import NamedTuple
 from gputask.k8s.client import (
     ADMISSIONCHECKS,
     CONFIGMAPS,
+    DEVICECLASSES,
     EVENTS,
     GPUCLUSTERQUEUES,
     GPULOCALQUEUES,
@@ -38,6 +39,9 @@ from gputask.k8s.client import (
     NODES,
     PODS,
     PRIORITYCLASSES,
+    RESOURCECLAIMS,
+    RESOURCECLAIMTEMPLATES,
+    RUNTIMECLASSES,
     WORKLOADPRIORITYCLASSES,
     WORKLOADS,
     Resource,
@@ -130,6 +134,13 @@ OPERATOR: tuple[Rule, ...] = (
     rule(WORKLOADS, "patch", sub="status", why="Kueue mode: answer the gputask-placement admission check"),
     rule(ADMISSIONCHECKS, "get", "create", why="Kueue mode: make sure the AdmissionCheck gputask-placement exists"),
     rule(ADMISSIONCHECKS, "patch", sub="status", why="Kueue mode: mark the AdmissionCheck Active"),
+    rule(RUNTIMECLASSES, "list", why="at start: which RuntimeClasses exist (jobRuntimeClassName; the pinning check)"),
+    rule(DEVICECLASSES, "list", why="at start: whether resource.k8s.io is served and the NVIDIA DRA driver's "
+         "DeviceClasses exist (the pinning check)"),
+    rule(RESOURCECLAIMTEMPLATES, "get", "list", "create", "delete", why="pinning: dra: one per Job of whole GPUs "
+         "(those GPUs by UUID), deleted with the Job; listed by a new leader to delete those of Jobs that are gone"),
+    rule(RESOURCECLAIMS, "get", "list", "create", "delete", why="pinning: dra: one per shared GPU and share group, "
+         "created before the first Job that uses it and deleted once none does; listed by a new leader"),
 )
 
 # The operator's Role in the Lease's namespace, only with ``config.leaderElection``.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from typing import Any, get_args
 
@@ -96,8 +97,41 @@ def _int_field(spec: Mapping[str, Any], name: str, default: int, low: int, high:
     return value
 
 
-def gpu_request(spec: Mapping[str, Any]) -> GpuRequest:
-    """The core GpuRequest of a GPUTask spec; raises InvalidTaskError(InvalidSpec)."""
+GPU_SHARINGS = ("TimeSlicing", "MPS")
+"""``spec.gpuSharing`` values; TimeSlicing (the default) is the share group ``""``, MPS the group ``"MPS"``."""
+
+
+def share_group(sharing: str, namespace: str, *, per_namespace: bool) -> str:
+    """The share group of a shared request: ``"MPS"`` for MPS, ``""`` for time-slicing; with ``per_namespace``
+    (Dynamic Resource Allocation: a pod can use only ResourceClaims of its own namespace, and a device is allocated
+    to one claim) prefixed by the namespace, e.g. ``"namespace ml, MPS"``."""
+    group = "MPS" if sharing == "MPS" else ""
+    if not per_namespace:
+        return group
+    return f"namespace {namespace}, {group}" if group else f"namespace {namespace}"
+
+
+def gpu_sharing(spec: Mapping[str, Any]) -> str:
+    """``spec.gpuSharing`` (default TimeSlicing); raises InvalidTaskError(InvalidSpec) for another value."""
+    sharing = spec.get("gpuSharing", "TimeSlicing")
+    if sharing not in GPU_SHARINGS:
+        raise _bad(f"spec.gpuSharing must be one of {', '.join(GPU_SHARINGS)}, got {sharing!r}")
+    return str(sharing)
+
+
+def gpu_request(spec: Mapping[str, Any], *, namespace: str = "default", per_namespace: bool = False) -> GpuRequest:
+    """The core GpuRequest of a GPUTask spec in ``namespace`` (its share group from ``spec.gpuSharing`` and, with
+    ``per_namespace``, the namespace: :func:`share_group`); raises InvalidTaskError(InvalidSpec)."""
+    request = _gpu_shape(spec)
+    sharing = gpu_sharing(spec)
+    if request.exclusive:
+        if sharing == "MPS":
+            raise _bad("spec.gpuSharing: MPS is for shared GPUs: set spec.gpuMemory, or a spec.gpuFraction below 1")
+        return request
+    return replace(request, share_group=share_group(sharing, namespace, per_namespace=per_namespace))
+
+
+def _gpu_shape(spec: Mapping[str, Any]) -> GpuRequest:
     count = _int_field(spec, "gpus", 1, 1, MAX_GPUS)
     memory, fraction = spec.get("gpuMemory"), spec.get("gpuFraction")
     if memory is not None and fraction is not None:
@@ -146,8 +180,11 @@ def task_from_manifest(
     priority_of: Callable[[str], int | None] = lambda _name: None,
     workload_priority_of: Callable[[str], int | None] | None = None,
     namespace_labels: Mapping[str, str] | None = None,
+    share_per_namespace: bool = False,
 ) -> Task:
     """Core Task of a GPUTask object (dict with metadata and spec).
+
+    ``share_per_namespace`` keeps shared GPUs to the tasks of one namespace (``pinning: dra``; :func:`share_group`).
 
     ``priority_of`` resolves ``spec.priorityClassName`` (a PriorityClass) to its value;
     ``workload_priority_of`` resolves the label ``kueue.x-k8s.io/priority-class`` (a Kueue
@@ -189,10 +226,11 @@ def task_from_manifest(
         constraints = constraints_of(pod, "spec.template.spec")
     except ValueError as exc:
         raise _bad(f"the pod template would be refused as a Job's: {exc}") from None
+    namespace = str(meta.get("namespace") or "default")
     return Task(
-        key=task_key(str(meta.get("namespace") or "default"), meta["name"]),
+        key=task_key(namespace, meta["name"]),
         queue=queue,
-        request=gpu_request(spec),
+        request=gpu_request(spec, namespace=namespace, per_namespace=share_per_namespace),
         priority=priority,
         created=timestamp(meta.get("creationTimestamp")),
         namespace_labels=tuple(sorted((namespace_labels or {}).items())),

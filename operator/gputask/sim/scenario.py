@@ -280,6 +280,7 @@ class _Run:
                 submit.manifest(),
                 priority_of=self.priorities.get,
                 namespace_labels={NAMESPACE_NAME_LABEL: namespace},
+                share_per_namespace=self.config.pinning == "dra",  # as the operator places with DRA
             )
         except InvalidTaskError as exc:
             record = _Record(submit, None, phase="Failed", reason=exc.reason, message=exc.message)

@@ -18,6 +18,7 @@ from kmock import KubernetesError, resource
 
 from gputask.manifests.fields import REQUIRED, FieldError
 from gputask.manifests.podspec import template_problems
+from gputask.testing._dra import claim_problems, is_claim
 
 RESOURCE_QUOTAS = resource("", "v1", "resourcequotas")
 VOLUME_SOURCES = frozenset(
@@ -40,7 +41,10 @@ VOLUME_SOURCES = frozenset(
 
 
 def validation_problems(res: resource, obj: Mapping[str, Any]) -> list[FieldError]:
-    """Field errors the API server's validation of this kind reports for ``obj`` (Jobs only here)."""
+    """Field errors the API server's validation of this kind reports for ``obj`` (Jobs, and DRA claims and templates:
+    :mod:`gputask.testing._dra`)."""
+    if is_claim(res):
+        return claim_problems(res, obj)
     if (res.group, res.plural) != ("batch", "jobs"):
         return []
     template = (obj.get("spec") or {}).get("template")

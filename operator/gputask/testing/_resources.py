@@ -42,6 +42,7 @@ BUILTINS: tuple[Builtin, ...] = (
     Builtin("apps/v1", "deployments", "Deployment", True, ("deploy",), True, ("all",)),
     Builtin("coordination.k8s.io/v1", "leases", "Lease", True),
     Builtin("scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", False, ("pc",)),
+    Builtin("node.k8s.io/v1", "runtimeclasses", "RuntimeClass", False),
     Builtin("events.k8s.io/v1", "events", "Event", True, ("ev",)),
     Builtin(
         "apiextensions.k8s.io/v1",
@@ -62,8 +63,18 @@ STATUS_ON_CREATE: dict[tuple[str, str], dict[str, Any] | None] = {
 KEEP_STATUS_ON_CREATE = frozenset({("", "nodes")})  # the kubelet registers nodes with status
 
 
-def builtin_infos() -> list[tuple[resource, ResourceInfo]]:
-    """Discovery entries for the built-in resources."""
+def dra_builtins(version: str) -> tuple[Builtin, ...]:
+    """The ``resource.k8s.io`` kinds gputask uses, at ``version`` (v1, v1beta1 or v1beta2)."""
+    group_version = f"resource.k8s.io/{version}"
+    return (
+        Builtin(group_version, "resourceclaims", "ResourceClaim", True, status=True),
+        Builtin(group_version, "resourceclaimtemplates", "ResourceClaimTemplate", True),
+        Builtin(group_version, "deviceclasses", "DeviceClass", False),
+    )
+
+
+def builtin_infos(builtins: tuple[Builtin, ...] = BUILTINS) -> list[tuple[resource, ResourceInfo]]:
+    """Discovery entries for built-in resources (default: those every emulated cluster serves)."""
     return [
         (
             resource(b.group_version, b.plural),
@@ -77,7 +88,7 @@ def builtin_infos() -> list[tuple[resource, ResourceInfo]]:
                 subresources={"status"} if b.status else set(),
             ),
         )
-        for b in BUILTINS
+        for b in builtins
     ]
 
 

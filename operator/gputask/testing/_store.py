@@ -21,6 +21,7 @@ from typing import Any
 from kmock import KubernetesError, ObjectsArray, ResourceInfo, ResourcesArray, resource
 
 from gputask.testing._admission import RESOURCE_QUOTAS, quota_refusal, validation_problems
+from gputask.testing._dra import immutable_spec
 from gputask.testing._resources import (
     CRD_RESOURCE,
     KEEP_STATUS_ON_CREATE,
@@ -277,6 +278,8 @@ class Store:
                 "added if the object is being deleted",
                 kind=info.kind,
             )
+        if subresource is None and (problems := immutable_spec(res, current, new)):
+            raise rejected(res, key[2], problems, kind=info.kind)
         if res == CRD_RESOURCE and subresource is None:
             self._install(new)
         if new == current:

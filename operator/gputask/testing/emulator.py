@@ -36,7 +36,7 @@ from kmock import (
 
 from gputask.testing import _http, _patches
 from gputask.testing._kmock import Response, StreamingError
-from gputask.testing._resources import builtin_infos, group_version
+from gputask.testing._resources import builtin_infos, dra_builtins, group_version
 from gputask.testing._selectors import SelectorError, make_matcher, parse_field_selector, parse_label_selector
 from gputask.testing._store import (
     Event,
@@ -124,6 +124,13 @@ class GpuTaskEmulator(KubernetesEmulator):
     def install_crd(self, crd: Mapping[str, Any]) -> Obj:
         """Create or replace a CustomResourceDefinition and serve its resources; return it."""
         return self.store.install_crd(dict(crd))
+
+    def serve_dra(self, versions: tuple[str, ...] = ("v1",)) -> None:
+        """Serve ``resource.k8s.io`` (ResourceClaims, ResourceClaimTemplates, DeviceClasses) at ``versions``, as
+        Kubernetes 1.34 does at v1 and 1.32/1.33 at v1beta1 once switched on (:mod:`gputask.testing._dra`)."""
+        for version in versions:
+            for res, info in builtin_infos(dra_builtins(version)):
+                self.resources[res] = info
 
     def close_watches(self) -> None:
         """End every open watch stream (call before stopping the HTTP server)."""
