@@ -25,7 +25,9 @@ the MPS client form ``<device>=<limit>`` joined by ``,`` (NVIDIA MPS documentati
 e.g. ``0=1G``; a limit is an integer with ``M`` or ``G``, the form of ``set_default_device_pinned_mem_limit``, whose
 ``M`` the NVIDIA DRA driver writes as MiB: ``api/nvidia.com/resource/v1beta1/sharing.go`` ``Megabyte``). Devices are
 the client's CUDA ordinals ``0..n-1``, one per GPU of the task, each given the same (smallest) budget, so the order in
-which CUDA enumerates them does not matter. The MPS server enforces the limit; a client can only lower the server's.
+which CUDA enumerates them does not matter. Ordinals, not UUIDs: NVIDIA's k8s-device-plugin 0.15.0 switched its
+own MPS limits from UUIDs to indices because limits set by UUID were not applied (its release notes). The MPS server
+enforces the limit; a client can only lower the server's.
 """
 
 from __future__ import annotations
