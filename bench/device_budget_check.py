@@ -29,17 +29,21 @@ BUDGET_MIB = 4096
 UNDER_MIB, OVER_MIB = 2048, 6144
 TIMEOUT_S = 90
 
-TORCH_CHILD = """
-import os, torch
-budget = int(os.environ["GPUTASK_GPU_MEMORY_MIB"]) * 2**20
-total = torch.cuda.get_device_properties(0).total_memory
-torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), 0)
+ALLOC = """
+import torch
 def alloc(mib):
     try:
         x = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize(); del x
         torch.cuda.empty_cache(); return "ok"
     except torch.OutOfMemoryError:
         return "OutOfMemoryError"
+"""
+
+TORCH_CHILD = ALLOC + """
+import os
+budget = int(os.environ["GPUTASK_GPU_MEMORY_MIB"]) * 2**20
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), 0)
 print(f"fraction {budget / total:.4f} of {total // 2**20} MiB; {UNDER} MiB: {alloc(UNDER)}; {OVER} MiB: {alloc(OVER)}")
 """
 
@@ -59,14 +63,7 @@ except Exception as exc:
 print(f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction} of {total} MiB: bytes_limit {limit} MiB; {OVER} MiB: {over}")
 """
 
-MPS_CHILD = """
-import torch
-def alloc(mib):
-    try:
-        x = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize(); del x
-        torch.cuda.empty_cache(); return "ok"
-    except torch.OutOfMemoryError:
-        return "OutOfMemoryError"
+MPS_CHILD = ALLOC + """
 print(f"{UNDER} MiB: {alloc(UNDER)}; {OVER} MiB: {alloc(OVER)}")
 """
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from gputask.agent.report import Reporter
 from gputask.config import Config
 from gputask.k8s.client import (
     EVENTS,
@@ -20,8 +21,10 @@ from gputask.k8s.client import (
     GPULOCALQUEUES,
     GPUNODES,
     GPUTASKS,
+    JOBS,
     NODES,
     KubeClient,
+    NotFound,
 )
 from gputask.k8s.handlers import Operator
 from gputask.k8s.main import build_operator, run_operator
@@ -182,3 +185,27 @@ async def running_operator(cluster: Cluster, config: Config | None = None) -> As
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(task, timeout=15)
         await operator.client.close()
+
+
+async def job_of(cluster: Cluster, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    """The Job ``namespace/name``, or None while there is none."""
+    try:
+        return await cluster.client.get(JOBS, name, namespace)
+    except NotFound:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def running_agent(cluster: Cluster, probe: Any, node: str, **kwargs: Any) -> AsyncIterator[Reporter]:
+    """The node agent's reporter for ``node`` with a fast interval (``kwargs`` to :class:`Reporter`), until the
+    block ends; its PodResources client is closed after."""
+    reporter = Reporter(cluster.client, probe, node, interval_s=0.05, heartbeat_s=5, backoff_max_s=0.2, **kwargs)
+    stop = asyncio.Event()
+    task = asyncio.create_task(reporter.run(stop))
+    try:
+        yield reporter
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+        if reporter.pod_resources is not None:
+            reporter.pod_resources.close()

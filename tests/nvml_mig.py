@@ -1,4 +1,4 @@
-"""A stand-in for pynvml with GPUs in MIG mode, for the agent's MIG tests (unit and integration).
+"""Stand-ins for pynvml: the real names fakes share, and GPUs in MIG mode for the agent's MIG tests.
 
 It models an NVIDIA A100-SXM4-40GB in MIG mode with the memory sizes NVIDIA's MIG user guide prints for its
 profiles (``nvidia-smi mig -lgip``: 1g.5gb 4.75 GiB, 2g.10gb 9.75 GiB). It is built from that documentation,
@@ -44,12 +44,8 @@ class FakeGpu:
     errors: dict[str, Exception] = field(default_factory=dict)
 
 
-class MigNvml:
-    """A stand-in for pynvml with the calls the probe makes for GPUs and their MIG devices.
-
-    Handles: a GPU is its index; a MIG device is ``(gpu index, MIG device index)``; a GPU instance is
-    ``("gi", gpu index, gi id)``.
-    """
+class PynvmlNames:
+    """The real pynvml error classes and constants the probe reads from the module, for fakes of it."""
 
     NVMLError = pynvml.NVMLError
     NVMLError_NotSupported = pynvml.NVMLError_NotSupported
@@ -59,6 +55,14 @@ class MigNvml:
     NVMLError_NoPermission = pynvml.NVMLError_NoPermission
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+
+
+class MigNvml(PynvmlNames):
+    """A stand-in for pynvml with the calls the probe makes for GPUs and their MIG devices.
+
+    Handles: a GPU is its index; a MIG device is ``(gpu index, MIG device index)``; a GPU instance is
+    ``("gi", gpu index, gi id)``.
+    """
 
     def __init__(self, gpus: list[FakeGpu], *, events: bool = False) -> None:
         self.gpus = gpus

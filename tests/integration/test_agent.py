@@ -3,35 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
 from gputask.agent import FakeProbe, GpuReading, NodeReading, NvmlProbe, fake_uuid
 from gputask.agent.attribution import HOST_PID_MESSAGE
-from gputask.agent.report import Reporter
-from gputask.k8s.client import GPUNODES, GPUTASKS, JOBS, NotFound
-from harness import Cluster, add_ready_node, eventually, gputask, gputask_command, running_operator
+from gputask.k8s.client import GPUNODES, GPUTASKS, NotFound
+from harness import (
+    Cluster,
+    add_ready_node,
+    eventually,
+    gputask,
+    gputask_command,
+    job_of,
+    running_agent,
+    running_operator,
+)
 from nvml_mig import MigNvml, a100_in_mig_mode
 
 NODE = "gpu-node-1"
 U0, U1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
 
 
-@contextlib.asynccontextmanager
-async def running_agent(cluster: Cluster, probe: Any) -> AsyncIterator[Reporter]:
-    """Run the agent's reporter for NODE with a fast interval until the block ends."""
-    reporter = Reporter(cluster.client, probe, NODE, interval_s=0.05, heartbeat_s=5, backoff_max_s=0.2)
-    stop = asyncio.Event()
-    task = asyncio.create_task(reporter.run(stop))
-    try:
-        yield reporter
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=5)
 
 
 async def gpunode_with(cluster: Cluster, predicate: Any) -> dict[str, Any] | None:
@@ -42,13 +37,6 @@ async def gpunode_with(cluster: Cluster, predicate: Any) -> dict[str, Any] | Non
         return None
     return obj if predicate(obj.get("status") or {}) else None
 
-
-async def job_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    """The Job ``name`` in default, or None."""
-    try:
-        return await cluster.client.get(JOBS, name, "default")
-    except NotFound:
-        return None
 
 
 def a10(index: int, uuid: str, healthy: bool = True, reason: str = "") -> dict[str, Any]:
@@ -69,7 +57,7 @@ async def test_agent_reports_gpus_and_the_operator_places_a_task_on_them(cluster
     node = await add_ready_node(cluster, NODE)
     await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
     probe = FakeProbe.from_spec("2xNVIDIA-A10:24Gi", node_name=NODE)
-    async with running_agent(cluster, probe):
+    async with running_agent(cluster, probe, NODE):
         obj = await eventually(lambda: gpunode_with(cluster, lambda s: bool(s.get("gpus"))))
         status = {k: v for k, v in obj["status"].items() if k != "heartbeatTime"}
         owners = obj["metadata"].get("ownerReferences")
@@ -94,7 +82,7 @@ async def test_operator_avoids_a_gpu_the_agent_reports_unhealthy(cluster: Cluste
     await cluster.add_queue(resources=[{"name": "nvidia.com/gpu", "nominalQuota": 2}])
     probe = FakeProbe.from_spec("2xNVIDIA-A10:24Gi", node_name=NODE)
     probe.set_health(0, False, "XID 79")
-    async with running_agent(cluster, probe):
+    async with running_agent(cluster, probe, NODE):
         await eventually(
             lambda: gpunode_with(cluster, lambda s: s.get("gpus") == [a10(0, U0, False, "XID 79"), a10(1, U1)])
         )
@@ -129,7 +117,7 @@ class FlakyProbe:
 async def test_malformed_readings_never_crash_the_agent_against_the_api(cluster: Cluster) -> None:
     """Through raising and malformed readings the agent keeps running and publishes only the valid GPU."""
     await add_ready_node(cluster, NODE)
-    async with running_agent(cluster, FlakyProbe()) as reporter:
+    async with running_agent(cluster, FlakyProbe(), NODE) as reporter:
         obj = await eventually(lambda: gpunode_with(cluster, lambda s: bool(s.get("gpus"))))
         await asyncio.sleep(0.2)  # more ticks on the good reading
         probe_errors = reporter.metrics.registry.get_sample_value("gputask_agent_probe_errors_total", {"node": NODE})
@@ -221,7 +209,7 @@ async def test_tasks_naming_a_mig_profile_get_mig_devices_pinned_by_uuid(cluster
     await add_ready_node(cluster, NODE)
     await cluster.add_queue()
     with NvmlProbe(nvml=MigNvml(a100_in_mig_mode())) as probe:
-        async with running_agent(cluster, probe):
+        async with running_agent(cluster, probe, NODE):
             await eventually(lambda: gpunode_with(cluster, lambda s: len(s.get("gpus") or []) == 6))
             async with running_operator(cluster):
                 await cluster.submit(gputask("infer", gpuMemory="2Gi", gpuProducts=[MIG_1G]))

@@ -71,23 +71,8 @@ HOLDER = {
 @contextlib.contextmanager
 def memory_held(mib: int, index: int = 0) -> Iterator[None]:
     """Hold ``mib`` MiB on GPU ``index`` in another process until the block ends (skips without torch/cupy)."""
-    module = _allocator()
-    if module is None:
-        pytest.skip("neither torch nor cupy with CUDA is installed to hold GPU memory from another process")
-    code = HOLDER[module].format(mib=mib, index=index)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "held", f"{module} could not hold {mib} MiB on GPU {index}"
+    with memory_held_by(mib, index):
         yield
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _used_mib(index: int) -> int:

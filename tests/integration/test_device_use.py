@@ -4,47 +4,23 @@ and with memoryBudget Evict it is evicted and requeued."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from gputask.agent import FakeProbe, fake_uuid
 from gputask.agent.podresources import PodResourcesClient
-from gputask.agent.report import Reporter
 from gputask.config import Config
 from gputask.k8s.client import EVENTS, GPUNODES, JOBS, PODS, NotFound
 from gputask.testing.kubelet import FakeKubelet
-from harness import Cluster, add_ready_node, eventually, gputask, running_operator
+from harness import Cluster, add_ready_node, eventually, gputask, job_of, running_agent, running_operator
 
 NODE = "gpu-node-1"
 UUIDS = [fake_uuid(NODE, i) for i in range(4)]
 CID = "34dc0b5e626f2c5c4c5170e34b10e7654ce36f0fcd532739f4445baabea03376"
 
 
-@contextlib.asynccontextmanager
-async def running_agent(cluster: Cluster, probe: FakeProbe, **kwargs: Any) -> AsyncIterator[Reporter]:
-    """The agent's reporter for NODE, with a fast interval, until the block ends."""
-    reporter = Reporter(cluster.client, probe, NODE, interval_s=0.05, heartbeat_s=5, backoff_max_s=0.2, **kwargs)
-    stop = asyncio.Event()
-    task = asyncio.create_task(reporter.run(stop))
-    try:
-        yield reporter
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=5)
-        if reporter.pod_resources is not None:
-            reporter.pod_resources.close()
 
-
-async def job_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    """The Job ``name`` in default, or None."""
-    try:
-        return await cluster.client.get(JOBS, name, "default")
-    except NotFound:
-        return None
 
 
 async def gpunode_condition(cluster: Cluster, ctype: str) -> tuple[str, str, str] | None:
@@ -75,7 +51,7 @@ async def test_a_device_plugin_pods_exact_gpus_are_kept_out_of_placement(cluster
         kubelet.pods = {("default", "infer"): {"main": {"nvidia.com/gpu": [f"{UUIDS[3]}::1"]}}}
         await cluster.client.create(PODS, foreign_pod("infer", 1), "default")
         client = PodResourcesClient(kubelet.socket_path, timeout_s=2)
-        async with running_agent(cluster, probe, pod_resources=client), running_operator(cluster):
+        async with running_agent(cluster, probe, NODE, pod_resources=client), running_operator(cluster):
             assert await eventually(lambda: gpunode_condition(cluster, "PodResourcesAvailable")) == (
                 "True", "Listed", "the GPUs of device-plugin pods are read from the kubelet's PodResources API")
             await cluster.submit(gputask("train", gpus=3))
@@ -150,7 +126,7 @@ async def test_a_task_over_its_memory_budget_is_told_and_told_again_once_within(
     await add_ready_node(cluster, NODE)
     await cluster.add_queue()
     probe = FakeProbe.from_spec("1xNVIDIA-A10:24Gi", node_name=NODE)
-    agent = running_agent(cluster, probe, host_pid=True, proc_root=str(tmp_path / "proc"))
+    agent = running_agent(cluster, probe, NODE, host_pid=True, proc_root=str(tmp_path / "proc"))
     async with agent, running_operator(cluster) as op:
         await cluster.submit(gputask("train", gpuMemory="8Gi"))
         await eventually(lambda: job_of(cluster, "train-1"))
@@ -191,7 +167,7 @@ async def test_with_evict_a_task_over_its_memory_budget_is_evicted_and_requeued(
     await cluster.add_queue()
     probe = FakeProbe.from_spec("1xNVIDIA-A10:24Gi", node_name=NODE)
     config = Config(cycleInterval=0.2, memoryBudget={"action": "Evict", "toleranceMiB": 1024})
-    agent = running_agent(cluster, probe, host_pid=True, proc_root=str(tmp_path / "proc"))
+    agent = running_agent(cluster, probe, NODE, host_pid=True, proc_root=str(tmp_path / "proc"))
     async with agent, running_operator(cluster, config):
         await cluster.submit(gputask("train", gpuMemory="8Gi"))
         await eventually(lambda: job_of(cluster, "train-1"))

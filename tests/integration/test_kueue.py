@@ -12,22 +12,14 @@ from gputask.k8s.client import (
     PODS,
     WORKLOADPRIORITYCLASSES,
     WORKLOADS,
-    NotFound,
 )
-from harness import REPO, Cluster, eventually, gputask, running_operator
+from harness import REPO, Cluster, eventually, gputask, job_of, running_operator
 
 KUEUE_CRDS = REPO / "tests" / "fixtures" / "kueue-crds"
 FAST = Config(cycleInterval=0.2)
 KUEUE_MODE = Config(cycleInterval=0.2, queueing="kueue")
 A10 = "NVIDIA-A10"
 
-
-async def job_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    """The Job ``name`` in namespace default, or None."""
-    try:
-        return await cluster.client.get(JOBS, name, "default")
-    except NotFound:
-        return None
 
 
 def placement_of(job: dict[str, Any]) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputask.k8s.client import GPUNODES, GPUTASKS, JOBS, NotFound
-from harness import Cluster, eventually, gpunode, gputask, running_operator
+from gputask.k8s.client import GPUNODES, GPUTASKS, JOBS
+from harness import Cluster, eventually, gpunode, gputask, job_of, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
 
@@ -25,13 +25,6 @@ def status_view(task: dict[str, Any]) -> dict[str, Any]:
     ]
     return status
 
-
-async def job_of(cluster: Cluster, name: str, namespace: str = "default") -> dict[str, Any] | None:
-    """The Job named ``name`` or None."""
-    try:
-        return await cluster.client.get(JOBS, name, namespace)
-    except NotFound:
-        return None
 
 
 async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster) -> None:

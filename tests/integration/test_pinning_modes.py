@@ -16,10 +16,9 @@ from gputask.k8s.client import (
     RESOURCECLAIMS,
     RESOURCECLAIMTEMPLATES,
     RUNTIMECLASSES,
-    NotFound,
     at_version,
 )
-from harness import Cluster, eventually, gputask, running_operator
+from harness import Cluster, eventually, gputask, job_of, running_operator
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 GPU_0, GPU_1 = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "GPU-1d0e7b0a-2c53-4f2e-9b5e-77c1a0e3c111"
@@ -33,13 +32,6 @@ def in_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in OWN_POD.items():
         monkeypatch.setenv(name, value)
 
-
-async def job_of(cluster: Cluster, name: str, namespace: str = "default") -> dict[str, Any] | None:
-    """The Job ``name``, or None."""
-    try:
-        return await cluster.client.get(JOBS, name, namespace)
-    except NotFound:
-        return None
 
 
 async def operator_events(cluster: Cluster) -> list[tuple[str, str, str]]:

@@ -27,6 +27,7 @@ from gputask.agent import (
 from gputask.agent.fake import FakeGpu
 from gputask.agent.probe import NVML_HINT, cuda_version_text, product_name
 from gputask.agent.processes import ProcessUse
+from nvml_mig import PynvmlNames
 
 REPO = Path(__file__).resolve().parents[2]
 pynvml = pytest.importorskip("pynvml")  # only for its real error classes and constants
@@ -141,15 +142,8 @@ class FakeDevice:
     mps: list[tuple[int, int | None]] | None = None  # MPS clients; None: the MPS list is not supported
 
 
-class FakeNvml:
+class FakeNvml(PynvmlNames):
     """A stand-in for the pynvml module: real error classes and constants, fake functions."""
-
-    NVMLError = pynvml.NVMLError
-    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
-    NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound
-    NVMLError_Timeout = pynvml.NVMLError_Timeout
-    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
-    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
 
     def __init__(
         self, devices: list[FakeDevice], *, errors: dict[str, Exception] | None = None, memory_v2: bool = False
