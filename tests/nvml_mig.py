@@ -30,6 +30,7 @@ class FakeMig:
     gi_id: int
     ci_id: int
     used: int = 0
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (host PID, bytes) NVML lists on it
 
 
 @dataclass
@@ -132,6 +133,11 @@ class MigNvml(PynvmlNames):
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if self.gpus[handle].mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        if not isinstance(handle, tuple):  # a GPU in MIG mode gives aggregate figures to privileged callers only
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self._mig(handle).processes]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
         return len(self._gpu(handle, "nvmlDeviceGetMaxMigDeviceCount").migs)

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from gputask.config import Config
 from gputask.core.diagnose import Diagnosis, change_for, diagnose
-from gputask.core.model import task_key
+from gputask.core.model import mig_parent_index, task_key
 from gputask.core.reasons import Wait
 from gputask.k8s.client import PODS, ApiError, KubeClient, load_api_client
 from gputask.k8s.controller import Controller
@@ -210,15 +210,18 @@ def _usage_text(usage: Mapping[str, Mapping[str, int]]) -> str:
 
 def node_rows(view: Controller) -> list[dict[str, Any]]:
     """One row per node with GPUs: schedulable (or why not), GPUs (``{product: count}``), MiB reserved, used by
-    others (foreign), free and total, and how many tasks it holds."""
+    others (foreign), free and total, and how many tasks it holds. A GPU in MIG mode is counted through its MIG
+    devices (listed by their products), not itself: its memory is theirs."""
     rows = []
     for state in view.scheduler.cluster.sorted_nodes():
         node = state.node
+        in_mig_mode = {mig_parent_index(g.index) for g in node.gpus} - {None}
         products: dict[str, int] = {}
         for gpu in node.gpus:
-            products[gpu.product] = products.get(gpu.product, 0) + 1
-        total = sum(g.memory_mib for g in node.gpus)
-        free = sum(state.free_mib(pos) for pos in range(len(node.gpus)))
+            if gpu.index not in in_mig_mode:
+                products[gpu.product] = products.get(gpu.product, 0) + 1
+        total = sum(g.memory_mib for g in node.gpus if g.index not in in_mig_mode)
+        free = sum(state.free_mib(pos) for pos, g in enumerate(node.gpus) if g.index not in in_mig_mode)
         rows.append({
             "node": node.name,
             "schedulable": "yes" if node.schedulable else f"no ({node.unschedulable_reason or 'unschedulable'})",

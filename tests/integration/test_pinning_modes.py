@@ -12,13 +12,14 @@ from gputask.k8s import executor, pinner
 from gputask.k8s.client import (
     DEVICECLASSES,
     EVENTS,
+    GPUNODES,
     JOBS,
     RESOURCECLAIMS,
     RESOURCECLAIMTEMPLATES,
     RUNTIMECLASSES,
     at_version,
 )
-from harness import Cluster, eventually, gputask, job_of, running_operator
+from harness import Cluster, eventually, gpunode, gputask, job_of, running_operator
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 GPU_0, GPU_1 = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "GPU-1d0e7b0a-2c53-4f2e-9b5e-77c1a0e3c111"
@@ -135,7 +136,13 @@ async def test_dra_mode_whole_gpus_get_a_claim_template_made_before_the_job(clus
     cluster.server.emulator.serve_dra((version,))
     await add_class(cluster, "gpu.nvidia.com", version)
     await add_class(cluster, "mig.nvidia.com", version)
-    await cluster.add_node("node-a", (GPU_0, H100, "80Gi"), (MIG, "NVIDIA-H100-MIG-1g.10gb", "9984Mi"))
+    await cluster.add_node("node-a", (GPU_0, H100, "80Gi"), (GPU_1, H100, "80Gi"))
+    status = gpunode("node-a", (GPU_0, H100, "80Gi"), (GPU_1, H100, "80Gi"))["status"]  # GPU 1 in MIG mode
+    status["gpus"][1] |= {"healthy": False, "reason": "MIG mode is enabled"}
+    status["gpus"].append({"index": 200, "uuid": MIG, "product": "NVIDIA-H100-MIG-1g.10gb", "memory": "9984Mi",
+                           "memoryUsed": "0", "healthy": True,
+                           "mig": {"parentIndex": 1, "parentUUID": GPU_1, "profile": "1g.10gb"}})
+    await cluster.client.patch(GPUNODES, "node-a", {"status": status}, status=True)
     await cluster.add_queue()
     async with running_operator(cluster, Config(cycleInterval=0.2, pinning="dra")) as op:
         # a MIG device takes only tasks that name its product

@@ -145,7 +145,7 @@ def test_attribution_of_a_reading_and_a_pod_resources_answer() -> None:
         Availability(True, "Listed", "pods holding NVIDIA devices: 1"),
         (PodGpus("team", "infer", (G0, MIG), (f"{G0}::1", MIG, "9")),),
         Availability(True, "Read", "GPU memory split by pod through each process's cgroup; "
-                                   "GPU 1: NVML did not list its processes"),
+                                   "GPU 200: NVML did not list its processes"),
         ((0, (("p1", 1000),)),),
     )
 

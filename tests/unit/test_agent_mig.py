@@ -8,13 +8,17 @@ A100-80GB, and an H100-80GB).
 from __future__ import annotations
 
 import datetime as dt
+from types import SimpleNamespace
 
 import pytest
 
 from gputask.agent import GpuReading, NodeReading, NvmlProbe
 from gputask.agent.mig import MIG_PERMISSION_HINT, MigInfo, mig_product, profile_gb, profile_name
+from gputask.agent.processes import ProcessUse
 from gputask.agent.report import MIG_REASON, device_view, gpunode_status
+from gputask.core import Gpu, Node, NodeName, Scheduler
 from gputask.core.model import is_mig_product, mig_device_index, mig_parent_index
+from gputask.live import node_rows
 from nvml_mig import A100_40GB, MIB, MigNvml, a100_in_mig_mode
 
 pynvml = pytest.importorskip("pynvml")  # for its real error classes and constants
@@ -124,6 +128,19 @@ def test_a_critical_xid_on_a_gpu_in_mig_mode_marks_its_mig_devices_unhealthy() -
     ]
 
 
+def test_processes_are_read_per_mig_device_never_on_the_gpu_in_mig_mode() -> None:
+    """With processes asked for, each MIG device lists its own (PID, MiB); the GPU in MIG mode lists none, so
+    memory used inside a MIG device is never counted on its parent."""
+    gpus = a100_in_mig_mode()
+    assert gpus[0].migs[0] is not None
+    gpus[0].migs[0].processes = [(4242, 1500 * MIB)]
+    with NvmlProbe(nvml=MigNvml(gpus), processes=True) as probe:
+        reading = probe.read()
+    assert [(g.index, g.processes) for g in reading.gpus[:3]] == [
+        (0, None), (100, (ProcessUse(4242, 1500),)), (101, ()),
+    ]
+
+
 def test_the_gpunode_lists_mig_devices_with_their_parent_and_the_parent_unschedulable() -> None:
     """The device view marks the parent unschedulable (MIG_REASON) and the status gives each MIG device a
     ``mig`` entry; the summary counts them by product."""
@@ -141,4 +158,18 @@ def test_the_gpunode_lists_mig_devices_with_their_parent_and_the_parent_unschedu
              "mig": mig | {"gpuInstanceId": 3, "computeInstanceId": 1, "profile": "1c.2g.10gb"}},
         ],
         f"1x {PRODUCT} (40Gi), 1x {PRODUCT}-MIG-1c.2g.10gb (9.8Gi), 1x {PRODUCT}-MIG-1g.5gb (4.8Gi)",
+    )
+
+
+def test_get_nodes_counts_a_gpu_in_mig_mode_through_its_mig_devices() -> None:
+    """`gputask get nodes` lists MIG devices by product and counts their memory, not the GPU in MIG mode's too."""
+    node = Node(NodeName("n"), (
+        Gpu(0, "GPU-0", PRODUCT, 40960, healthy=False),
+        Gpu(100, "MIG-a", f"{PRODUCT}-MIG-3g.20gb", 20096),
+        Gpu(101, "MIG-b", f"{PRODUCT}-MIG-3g.20gb", 20096),
+        Gpu(1, "GPU-1", PRODUCT, 40960),
+    ))
+    row = node_rows(SimpleNamespace(scheduler=Scheduler(nodes=[node])))[0]  # type: ignore[arg-type]
+    assert (row["gpus"], row["total_mib"], row["free_mib"]) == (
+        {PRODUCT: 1, f"{PRODUCT}-MIG-3g.20gb": 2}, 81152, 81152,
     )

@@ -324,6 +324,49 @@ def test_a_malformed_gpu_entry_is_rejected_alone() -> None:
     )
 
 
+def test_uuids_must_be_nvml_gpu_or_mig_uuids() -> None:
+    """'all', lists, the pre-R470 MIG form and other characters are refused: a UUID reaches
+    NVIDIA_VISIBLE_DEVICES and CDI names as it is."""
+    bad = ["all", "GPU-1,GPU-2", "MIG-GPU-a/1/0", "GPU-ä", "void", "3"]
+    status = {"gpus": [{"index": i, "uuid": u, "memory": "24Gi"} for i, u in enumerate(bad)]}
+    rule = "uuid must be a GPU-... or MIG-... UUID (letters, digits and '-'), got"
+    assert node_from_gpunode("n", status) == (
+        Node(NodeName("n"), ()), [f"status.gpus[{i}]: {rule} {u!r}" for i, u in enumerate(bad)],
+    )
+
+
+def test_mig_devices_that_disagree_with_their_gpu_are_refused_with_it() -> None:
+    """A GPU reported schedulable with MIG devices, MIG devices bigger together than their GPU, a MIG device of a
+    GPU not reported or whose mig.parentIndex contradicts its index, and a MIG product on a GPU's index are
+    refused (the GPU with its MIG devices), so no GPU is placed on twice; a sound GPU in MIG mode stays."""
+    a100 = "NVIDIA-A100-SXM4-40GB"
+
+    def gpu(index: int, uuid: str, memory: str = "40Gi", *, healthy: bool = True, **more: object) -> dict[str, object]:
+        return {"index": index, "uuid": uuid, "product": a100, "memory": memory, "healthy": healthy, **more}
+
+    def mig(index: int, uuid: str, memory: str = "4864Mi", **more: object) -> dict[str, object]:
+        return {**gpu(index, uuid, memory), "product": f"{a100}-MIG-1g.5gb", **more}
+
+    status = {"gpus": [
+        gpu(0, "GPU-0"), mig(100, "MIG-a"), mig(101, "MIG-b"),                 # schedulable with MIG devices
+        gpu(1, "GPU-1", "8Gi", healthy=False), mig(200, "MIG-c"), mig(201, "MIG-d"),  # 9728 MiB in 8 GiB
+        mig(500, "MIG-e"),                                                     # GPU 4 not reported
+        gpu(2, "GPU-2", healthy=False), mig(300, "MIG-f", mig={"parentIndex": 7}), mig(301, "MIG-g"),
+        {**gpu(3, "GPU-3"), "product": f"{a100}-MIG-1g.5gb"},                  # a MIG product on a GPU's index
+    ]}
+    node, errors = node_from_gpunode("n", status)
+    assert ([g.index for g in node.gpus], errors) == (
+        [2, 301],
+        [
+            "GPU 0: reported schedulable with MIG devices [100, 101] (a GPU in MIG mode runs work only in them)",
+            "GPU 1: its MIG devices have 9728 MiB, more than its 8192 MiB",
+            f"GPU 3: product {a100}-MIG-1g.5gb is a MIG device's, index 3 a GPU's",
+            "GPU 300: mig.parentIndex 7 but its index says GPU 2",
+            "GPU 500: a MIG device of GPU 4, which is not reported",
+        ],
+    )
+
+
 def test_a_gpunode_without_status_is_a_node_without_gpus() -> None:
     """A GPUNode the agent has not reported yet gives an empty node and no errors."""
     assert node_from_gpunode("n", None) == (Node(NodeName("n"), ()), [])

@@ -864,3 +864,11 @@ def test_a_gpu_event_naming_a_missing_mig_device_is_refused() -> None:
     assert str(info.value) == (
         "events[0] (at 1, gpuUnhealthy): node 'node-a' has no GPU 103 (it has 2, and MIG devices [100, 101, 102])"
     )
+
+
+def test_mig_devices_larger_than_their_gpu_are_refused() -> None:
+    """A GPU whose MIG devices add up to more memory than it has is a clear error, not two tasks in 10Gi."""
+    gpu = {"product": A100, "memory": "10Gi", "mig": [{"profile": "7g.80gb", "memory": "80Gi"}] * 2}
+    with pytest.raises(ScenarioError) as info:
+        run_scenario(scenario([{"name": "node-a", "gpus": [gpu]}], [], until=60))
+    assert str(info.value) == "nodes[0].gpus[0].mig: its MIG devices have 163840 MiB, more than the GPU's 10240 MiB"

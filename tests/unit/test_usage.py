@@ -9,8 +9,8 @@ from test_foreign import container, pod
 from gputask.core import Gpu, GpuRequest, GpuSlot, Node, NodeName, Placement, Scheduler, Task, TaskKey
 from gputask.core.budget import EVICT, MemoryBudget, Overuse, overuse_text, overuses
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s.foreign import ForeignPods, GpuClaim, occupied_gpus
-from gputask.k8s.usage import DeviceReport, device_report, foreign_mib, pod_memory
+from gputask.k8s.foreign import ForeignPods, GpuClaim
+from gputask.k8s.usage import DeviceReport, device_report, foreign_mib, pod_memory, sound_pod_memory
 
 NODE = Node(NodeName("node-a"), tuple(Gpu(i, f"GPU-{i}", "NVIDIA-A10", 24576) for i in range(4)))
 
@@ -50,21 +50,23 @@ def test_foreign_memory_counts_other_pods_in_full_once_ours_is_known() -> None:
 
 
 def test_device_plugin_pods_hold_the_gpus_the_kubelet_gave_them() -> None:
-    """With the kubelet's report a pod holds exactly its GPUs (even for resources the count rule ignores); a pod
-    bound after the report keeps its count; a pod the kubelet gave no GPU of ours holds none; without the report
-    the count rule applies."""
+    """With the kubelet's report a pod holds exactly its GPUs of this node (even for resources the count rule
+    ignores); a pod bound after the report, or reported with no GPU of this node (an ID the agent could not
+    resolve, or another node's GPU), keeps its count; without the report the count rule applies."""
     index = ForeignPods()
     index.on_pod(pod("counted", containers=[container(gpus=2)]))
     index.on_pod(pod("late", containers=[container(gpus=1)]))
     index.on_pod(pod("shared", containers=[{"name": "c", "resources": {"limits": {"nvidia.com/gpu.shared": 1}}}]))
     index.on_pod(pod("elsewhere", containers=[container(gpus=1)]))
+    index.on_pod(pod("lying", containers=[container(gpus=1)]))
     exact = {("default", "counted"): ("GPU-3", "GPU-1"), ("default", "shared"): ("GPU-2",),
-             ("default", "elsewhere"): (), ("default", "gone"): ("GPU-0",)}
-    claims = index.claims_on("node-a", exact)
-    assert (claims, occupied_gpus(NODE, claims, set()), index.claims_on("node-a")) == (
-        [GpuClaim(devices=("GPU-3", "GPU-1")), GpuClaim(count=1), GpuClaim(devices=("GPU-2",))],
-        {0, 1, 2, 3},
-        [GpuClaim(count=2), GpuClaim(count=1), GpuClaim(count=1)],
+             ("default", "elsewhere"): (), ("default", "lying"): ("GPU-of-node-b",), ("default", "gone"): ("GPU-0",)}
+    uuids = {g.uuid for g in NODE.gpus}
+    claims = index.claims_on("node-a", exact, uuids)
+    assert (claims, index.claims_on("node-a")) == (
+        [GpuClaim(devices=("GPU-3", "GPU-1")), GpuClaim(count=1), GpuClaim(count=1), GpuClaim(count=1),
+         GpuClaim(devices=("GPU-2",))],
+        [GpuClaim(count=2), GpuClaim(count=1), GpuClaim(count=1), GpuClaim(count=1)],
     )
 
 
@@ -115,4 +117,20 @@ def test_warn_only_reports_and_evict_evicts_counted_against_max_reschedules() ->
         message,
         Fail(task, "MaxReschedulesExceeded", f"{message}; rescheduled 0 times already"),
         None,
+    )
+
+
+def test_pod_memory_is_believed_only_on_accepted_gpus_outside_mig_mode_and_within_their_memory() -> None:
+    """Figures for a GPU the operator refused (absent from the node), for a GPU in MIG mode (aggregates of its
+    MIG devices) or adding up to more than the GPU holds are not used; the last is said as an error."""
+    node = Node(NodeName("node-m"), (
+        Gpu(0, "GPU-0", "NVIDIA-A100", 40960, healthy=False),  # in MIG mode
+        Gpu(1, "GPU-1", "NVIDIA-A100", 40960),
+        Gpu(2, "GPU-2", "NVIDIA-A100", 40960),
+        Gpu(100, "MIG-a", "NVIDIA-A100-MIG-1g.5gb", 4864),
+    ))
+    split = {0: {"u": 3072}, 1: {"u": 40000, "v": 2000}, 2: {"u": 100}, 3: {"u": 1}, 100: {"u": 3072}}
+    assert sound_pod_memory(split, node) == (
+        {2: {"u": 100}, 100: {"u": 3072}},
+        ["GPU 1: its pods' memory (42000 MiB) is more than the GPU's (40960 MiB); not used for memory budgets"],
     )

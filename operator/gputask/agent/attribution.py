@@ -112,8 +112,8 @@ def process_memory(
     split: list[tuple[int, tuple[tuple[str, int], ...]]] = []
     missing: list[str] = []
     for gpu in gpus:
-        if gpu.mig is not None:
-            continue  # its processes are listed under the GPU in MIG mode (and not split by MIG device yet)
+        if gpu.mig_mode == "Enabled":
+            continue  # a GPU in MIG mode: its processes are read per MIG device, each a reading of its own
         if gpu.processes is None:
             missing.append(f"GPU {gpu.index}: NVML did not list its processes")
             continue

@@ -34,7 +34,7 @@ without the suffix; MIG devices that cannot be listed at all leave the parent un
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gputask.core.model import MIG_PRODUCT_MARK
@@ -64,13 +64,14 @@ class MigInfo:
 @dataclass(frozen=True, slots=True)
 class MigDevice:
     """One MIG device as read: its NVML index under the parent, UUID (``MIG-...``), memory in MiB
-    (total it can allocate, used by processes) and where it lives."""
+    (total it can allocate, used by processes), where it lives, and its NVML handle (for its processes)."""
 
     slot: int
     uuid: str
     memory_total_mib: int
     memory_used_mib: int
     info: MigInfo
+    handle: Any = field(default=None, compare=False)
 
 
 def mig_product(parent_product: str, profile: str) -> str:
@@ -152,7 +153,7 @@ def _read_one(
         nvml=nvml,
     )
     info = MigInfo(parent_index, parent_uuid, profile, gi_id, ci_id)
-    return MigDevice(slot, uuid, int(memory.total) // MIB, -(-int(memory.used) // MIB), info)
+    return MigDevice(slot, uuid, int(memory.total) // MIB, -(-int(memory.used) // MIB), info, mig)
 
 
 def _gi_profile_id(nvml: Any, parent: Any, gi_id: int) -> int | None:

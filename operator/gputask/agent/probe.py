@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from gputask.agent.errors import ProbeError, ProbeUnavailable
-from gputask.agent.mig import MIG_PERMISSION_HINT, MigInfo, mig_product, read_mig_devices
+from gputask.agent.mig import MIG_PERMISSION_HINT, MigDevice, MigInfo, mig_product, read_mig_devices
 from gputask.agent.processes import ProcessUse
 from gputask.core.model import mig_device_index
 
@@ -52,8 +52,8 @@ class GpuReading:
     A MIG device (:mod:`gputask.agent.mig`) is a reading of its own with ``mig`` set, its index
     from :func:`~gputask.core.model.mig_device_index` and its parent's product with ``-MIG-<profile>``.
     ``processes``: the compute processes on it (host PIDs, MiB each), None when not read (the probe
-    was not asked to, NVML cannot list them here, or it is a MIG device: their processes are listed
-    under the GPU in MIG mode).
+    was not asked to, NVML cannot list them here, or it is a GPU in MIG mode: its processes are read
+    per MIG device).
     """
 
     index: int
@@ -217,12 +217,11 @@ class NvmlProbe:
             return [self._failed_device(index, str(exc), **identity), *self._failed_mig(index, str(exc))]
         uuid, product = identity["uuid"], identity["product"]
         self._known[index] = _Known(uuid, product, total_mib)
+        if mig_mode == "Enabled":  # its processes are read per MIG device (the parent's figures are aggregate)
+            return self._with_mig_devices(nvml, handle, GpuReading(index, uuid, product, total_mib, used_mib, mig_mode))
+        self._known_mig.pop(index, None)
         processes = self._processes_of(nvml, index, handle) if self.processes else None
-        gpu = GpuReading(index, uuid, product, total_mib, used_mib, mig_mode, processes=processes)
-        if mig_mode != "Enabled":
-            self._known_mig.pop(index, None)
-            return [gpu]
-        return self._with_mig_devices(nvml, handle, gpu)
+        return [GpuReading(index, uuid, product, total_mib, used_mib, mig_mode, processes=processes)]
 
     def _with_mig_devices(self, nvml: Any, handle: Any, gpu: GpuReading) -> list[GpuReading]:
         """``gpu`` (in MIG mode) and its MIG devices; when they cannot be read, ``gpu`` says why and the
@@ -235,13 +234,18 @@ class NvmlProbe:
             log.warning("GPU %d: %s", gpu.index, reason)
             return [replace(gpu, healthy=False, reason=f"MIG mode is enabled; {reason}"),
                     *self._failed_mig(gpu.index, reason)]
-        migs = tuple(
-            GpuReading(mig_device_index(gpu.index, d.slot), d.uuid, mig_product(gpu.product, d.info.profile),
-                       d.memory_total_mib, d.memory_used_mib, mig=d.info)
-            for d in found
-        )
+        migs = tuple(self._mig_reading(nvml, gpu, d) for d in found)
         self._known_mig[gpu.index] = migs
         return [gpu, *migs]
+
+    def _mig_reading(self, nvml: Any, gpu: GpuReading, device: MigDevice) -> GpuReading:
+        """A MIG device of ``gpu`` as a reading of its own, with its processes (NVML lists a MIG device's
+        processes, and their memory, per MIG device handle; the parent's list is aggregate, and only for
+        privileged callers: NVML reference, nvmlDeviceGetComputeRunningProcesses)."""
+        index = mig_device_index(gpu.index, device.slot)
+        processes = self._processes_of(nvml, index, device.handle) if self.processes else None
+        return GpuReading(index, device.uuid, mig_product(gpu.product, device.info.profile), device.memory_total_mib,
+                          device.memory_used_mib, mig=device.info, processes=processes)
 
     def _failed_mig(self, parent_index: int, reason: str) -> list[GpuReading]:
         """The MIG devices last read under ``parent_index``, unhealthy with ``reason``."""

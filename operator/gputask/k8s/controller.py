@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gputask.config import Config
-from gputask.core import InvalidTaskError, Placement, Scheduler, Task, TaskKey, make_policy, task_key
+from gputask.core import InvalidTaskError, NodeName, Placement, Scheduler, Task, TaskKey, make_policy, task_key
 from gputask.core.budget import MemoryBudget, Overuse, overuse_text
 from gputask.core.reasons import Reason
 from gputask.k8s.foreign import ForeignPods
@@ -49,7 +49,7 @@ from gputask.k8s.tasks import (
     TaskRecord,
     status_behind,
 )
-from gputask.k8s.usage import pod_memory
+from gputask.k8s.usage import pod_memory, sound_pod_memory
 from gputask.manifests import convert
 
 log = logging.getLogger("gputask.controller")
@@ -253,7 +253,11 @@ class Controller:
         core judge it; a task that goes over budget, or back within, is reported (over-budget / within-budget)
         once per change of the GPUs it overuses, not per figure. A task the core evicts for it (memoryBudget
         Evict) is not reported here: its eviction (reason GPUMemoryExceeded) carries the same figures."""
-        split = pod_memory(status if isinstance(status, Mapping) else None)
+        cluster = self.scheduler.cluster
+        if not cluster.has_node(NodeName(node)):
+            return
+        raw = pod_memory(status if isinstance(status, Mapping) else None)
+        split, _ = sound_pod_memory(raw, cluster.node(NodeName(node)).node)  # the inventory reports the lies
         if not split:
             return
         usage: dict[TaskKey, dict[int, int]] = {}

@@ -212,25 +212,32 @@ class ForeignPods:
         for pod in pods:
             self.on_pod(pod)
 
-    def claims_on(self, node: str, exact: Mapping[tuple[str, str], tuple[str, ...]] | None = None) -> list[GpuClaim]:
+    def claims_on(
+        self,
+        node: str,
+        exact: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
+        uuids: Collection[str] | None = None,
+    ) -> list[GpuClaim]:
         """The GPU claims of the foreign pods bound to ``node``, in pod uid order.
 
         ``exact``: the GPU UUIDs the kubelet gave each (namespace, name) pod on the node, when the agent could
-        read them (None: it could not). A pod found there holds exactly those GPUs (and any it names through
-        NVIDIA_VISIBLE_DEVICES) instead of its count; a pod not found there keeps its count (bound after the
-        report). Module docstring, rules 2 and 3.
+        read them (None: it could not); ``uuids``: the node's GPU UUIDs (None: take ``exact`` as it is). A pod
+        found there with GPUs of this node holds exactly those GPUs (and any it names through
+        NVIDIA_VISIBLE_DEVICES) instead of its count; a pod not found there (bound after the report), or found
+        with no GPU of this node (an ID the agent could not resolve, or a report that lies), keeps its count.
+        Module docstring, rules 2 and 3.
         """
         pods = self.by_node.get(node) or {}
         claims = []
         for uid in sorted(pods):
             pod = pods[uid]
-            given = exact.get((pod.namespace, pod.name)) if exact is not None else None
+            given = exact.get((pod.namespace, pod.name), ()) if exact is not None else ()
+            if uuids is not None:
+                given = tuple(u for u in given if u in uuids)
             claim = pod.claim
             if given:
                 named = claim.devices if claim is not None else ()
                 claim = GpuClaim(0, tuple(dict.fromkeys(named + given)), claim.every if claim is not None else False)
-            elif given is not None and claim is not None:
-                claim = GpuClaim(0, claim.devices, claim.every) if claim.devices or claim.every else None
             if claim is not None:
                 claims.append(claim)
         return claims

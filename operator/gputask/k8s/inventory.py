@@ -16,7 +16,7 @@ from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
 from gputask.core.model import HostUse, mig_parent_index
 from gputask.k8s.foreign import GPU_RESOURCE, MIG_RESOURCE_PREFIX, ForeignPods, occupied_gpus
-from gputask.k8s.usage import DeviceReport, device_report, foreign_mib, pod_memory
+from gputask.k8s.usage import DeviceReport, device_report, foreign_mib, pod_memory, sound_pod_memory
 from gputask.manifests import convert
 from gputask.manifests.podfit import node_offer
 
@@ -216,9 +216,10 @@ class Inventory:
         why = "cordoned" if cordoned else "GPUNode heartbeat stale" if stale else ""
         node, errors = convert.node_from_gpunode(name, status, unschedulable=why)
         node, refused = self._sound(node)
-        errors = [*errors, *refused, *([lie] if lie else [])]
+        split, lies = sound_pod_memory(pod_memory(status), node)
+        errors = [*errors, *refused, *lies, *([lie] if lie else [])]
         devices = device_report(status)
-        node = self._with_foreign_use(node, convert.reported_used_mib(status), devices, pod_memory(status))
+        node = self._with_foreign_use(node, convert.reported_used_mib(status), devices, split)
         node = self._with_offer(node)
         if errors != self.gpunode_errors.get(name, []):
             for line in errors:
@@ -303,7 +304,7 @@ class Inventory:
             gpus.append(replace(gpu, foreign_mib=min(foreign, gpu.memory_mib)))
         node = replace(node, gpus=tuple(gpus))
         exact = devices.pods if devices is not None and devices.available else None
-        held = occupied_gpus(node, self.foreign.claims_on(node.name, exact), ours)
+        held = occupied_gpus(node, self.foreign.claims_on(node.name, exact, {g.uuid for g in node.gpus}), ours)
         full = tuple(replace(g, foreign_mib=g.memory_mib) if g.index in held else g for g in node.gpus)
         return replace(node, gpus=full)
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputask.core import Node
+from gputask.core.model import mig_parent_index
 from gputask.manifests.convert import quantity
 
 MIB = 1024 * 1024
@@ -101,3 +103,25 @@ def foreign_mib(*, used_mib: int, reserved_mib: int, ours_mib: int | None, toler
 
 
 __all__ = ["NOT_REPORTED", "DeviceReport", "device_report", "foreign_mib", "pod_memory"]
+
+
+def sound_pod_memory(split: Mapping[int, Mapping[str, int]], node: Node) -> tuple[dict[int, dict[str, int]], list[str]]:
+    """The part of :func:`pod_memory`'s ``split`` the operator believes, and one error line per GPU it does not.
+
+    Kept: GPUs the operator accepted (in ``node``, after refused entries are dropped), never a GPU in MIG mode
+    (its figures would be aggregates of its MIG devices', which are reported as devices of their own), and only
+    where the pods' memory together fits the GPU (more is a lie: that GPU's split is then taken as not known).
+    """
+    memory = {g.index: g.memory_mib for g in node.gpus}
+    in_mig_mode = {mig_parent_index(g.index) for g in node.gpus} - {None}
+    kept: dict[int, dict[str, int]] = {}
+    errors: list[str] = []
+    for index, pods in sorted(split.items()):
+        if index not in memory or index in in_mig_mode:
+            continue
+        if sum(pods.values()) > memory[index]:
+            errors.append(f"GPU {index}: its pods' memory ({sum(pods.values())} MiB) is more than the GPU's "
+                          f"({memory[index]} MiB); not used for memory budgets")
+            continue
+        kept[index] = dict(pods)
+    return kept, errors

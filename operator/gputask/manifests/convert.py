@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from decimal import Decimal, InvalidOperation
@@ -34,6 +35,7 @@ from gputask.core import (
     task_key,
 )
 from gputask.core.flavors import Flavor
+from gputask.core.model import is_mig_product, mig_parent_index
 from gputask.core.quota import (
     BorrowWithinCohort,
     QueueingStrategy,
@@ -48,6 +50,9 @@ from gputask.manifests.podfit import constraints_of, pod_requests
 from gputask.manifests.podspec import template_problems
 
 MIB = 1 << 20
+DEVICE_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9-]+$")
+"""A GPU's or MIG device's UUID as NVML gives it (R470+ drivers; the older ``MIG-GPU-<uuid>/<gi>/<ci>`` form is
+refused: a ``/`` is no part of a CDI device name, and those drivers are years out of support)."""
 MAX_GPUS = 16
 MAX_GPU_MEMORY_MIB = 1 << 20  # 1 TiB per GPU: larger is certainly a unit mistake
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -407,12 +412,15 @@ def node_from_gpunode(
 
     A malformed entry is rejected alone (a broken agent field never hides the node's other
     GPUs). ``memoryUsed`` is validated here; :func:`reported_used_mib` reads it, and the
-    inventory turns it into foreign use net of what gputask reserved.
+    inventory turns it into foreign use net of what gputask reserved. MIG devices must agree with
+    their GPU (:func:`_mig_lies`), or the GPU and its MIG devices are all refused: one GPU is never
+    placed on twice.
     """
     gpus: list[Gpu] = []
     errors: list[str] = []
     seen: set[int] = set()
     uuids: set[str] = set()
+    stated: dict[int, int | None] = {}  # GPU index -> the mig.parentIndex its entry states
     if status is not None and not isinstance(status, Mapping):
         return _node(name, (), unschedulable), [f"status must be an object, got {status!r}"]
     entries = (status or {}).get("gpus") or []
@@ -436,8 +444,50 @@ def node_from_gpunode(
         seen.add(gpu.index)
         uuids.add(gpu.uuid)
         gpus.append(gpu)
+        stated[gpu.index] = _mig_parent_of(raw)
     gpus.sort(key=lambda g: g.index)
-    return _node(name, tuple(gpus), unschedulable), errors
+    lies = _mig_lies(gpus, stated)
+    errors += [line for _, line in sorted(lies.items())]
+    refused = set(lies) | {g.index for g in gpus if mig_parent_index(g.index) in lies}
+    return _node(name, tuple(g for g in gpus if g.index not in refused), unschedulable), errors
+
+
+def _mig_parent_of(raw: Any) -> int | None:
+    """The ``mig.parentIndex`` an entry states (None when it states none)."""
+    mig = raw.get("mig") if isinstance(raw, Mapping) else None
+    parent = mig.get("parentIndex") if isinstance(mig, Mapping) else None
+    return parent if isinstance(parent, int) and not isinstance(parent, bool) else None
+
+
+def _mig_lies(gpus: list[Gpu], stated: Mapping[int, int | None]) -> dict[int, str]:
+    """GPU index -> why the GPU (with its MIG devices) is refused: a MIG device under a GPU not reported, or under
+    a GPU reported schedulable (a GPU in MIG mode runs nothing itself), whose ``mig.parentIndex`` says otherwise
+    than its index, or whose memory with its siblings' is more than the GPU's; a product marked MIG on a GPU's
+    own index."""
+    by_index = {g.index: g for g in gpus}
+    lies: dict[int, str] = {}
+    children: dict[int, list[Gpu]] = {}
+    for gpu in gpus:
+        parent = mig_parent_index(gpu.index)
+        if parent is None:
+            if is_mig_product(gpu.product):
+                lies[gpu.index] = f"GPU {gpu.index}: product {gpu.product} is a MIG device's, index {gpu.index} a GPU's"
+            continue
+        if stated.get(gpu.index) not in (None, parent):
+            lies[gpu.index] = f"GPU {gpu.index}: mig.parentIndex {stated[gpu.index]} but its index says GPU {parent}"
+        elif parent not in by_index:
+            lies[gpu.index] = f"GPU {gpu.index}: a MIG device of GPU {parent}, which is not reported"
+        else:
+            children.setdefault(parent, []).append(gpu)
+    for parent, migs in children.items():
+        gpu = by_index[parent]
+        if gpu.healthy:
+            lies[parent] = (f"GPU {parent}: reported schedulable with MIG devices {[m.index for m in migs]} "
+                            "(a GPU in MIG mode runs work only in them)")
+        elif sum(m.memory_mib for m in migs) > gpu.memory_mib:
+            lies[parent] = (f"GPU {parent}: its MIG devices have {sum(m.memory_mib for m in migs)} MiB, more than "
+                            f"its {gpu.memory_mib} MiB")
+    return lies
 
 
 def _node(name: str, gpus: tuple[Gpu, ...], unschedulable: str) -> Node:
@@ -451,8 +501,8 @@ def _gpu(raw: Any) -> Gpu:
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"index must be a non-negative integer, got {index!r}")
     uuid, product = raw["uuid"], raw.get("product", "unknown")
-    if not isinstance(uuid, str) or not uuid:
-        raise ValueError(f"uuid must be a non-empty string, got {uuid!r}")
+    if not isinstance(uuid, str) or not DEVICE_UUID.match(uuid):
+        raise ValueError(f"uuid must be a GPU-... or MIG-... UUID (letters, digits and '-'), got {uuid!r}")
     memory = to_mib(raw["memory"], field="memory")
     used_raw = raw.get("memoryUsed")
     used = quantity(used_raw, field="memoryUsed") if used_raw is not None else Decimal(0)

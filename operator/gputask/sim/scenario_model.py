@@ -444,8 +444,11 @@ def core_nodes(scenario: Scenario) -> list[Node]:
             memory = _device_mib(gpu.memory, f"nodes[{i}].gpus[{j}].memory")
             product = gpu.product.replace(" ", "-")
             gpus.append(Gpu(j, f"GPU-{spec.name}-{j}", product, memory, healthy=gpu.mig is None))
-            for k, mig in enumerate(gpu.mig or ()):
-                mib = _device_mib(mig.memory, f"nodes[{i}].gpus[{j}].mig[{k}].memory")
+            migs = [_device_mib(m.memory, f"nodes[{i}].gpus[{j}].mig[{k}].memory") for k, m in enumerate(gpu.mig or ())]
+            if sum(migs) > memory:
+                raise ScenarioError(f"nodes[{i}].gpus[{j}].mig: its MIG devices have {sum(migs)} MiB, more than the "
+                                    f"GPU's {memory} MiB")
+            for k, (mig, mib) in enumerate(zip(gpu.mig or (), migs, strict=True)):
                 mig_product = f"{product}{MIG_PRODUCT_MARK}{mig.profile}"
                 gpus.append(Gpu(mig_device_index(j, k), f"MIG-{spec.name}-{j}-{k}", mig_product, mib))
         try:
