@@ -387,9 +387,11 @@ def agent(
     metrics_port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 9401,
     metrics_bind_address: MetricsAddress = "0.0.0.0",
     kubeconfig: Annotated[str | None, typer.Option(help="Kubeconfig; default in-cluster, then ~/.kube/config.")] = None,
-    pod_resources_socket: Annotated[str, typer.Option(
-        help="The kubelet's PodResources socket, to report which GPUs device-plugin pods hold; empty: do not read it."
-    )] = "/var/lib/kubelet/pod-resources/kubelet.sock",
+    pod_resources_socket: Annotated[str | None, typer.Option(
+        help="The kubelet's PodResources socket, to report which GPUs device-plugin pods hold; empty: do not read it. "
+        "Default /var/lib/kubelet/pod-resources/kubelet.sock, none with --fake-gpus (fake GPUs are no kubelet's).",
+        show_default=False,
+    )] = None,
     host_pid: Annotated[bool, typer.Option(
         "--host-pid",
         help="The agent shares the host's PID namespace: split GPU memory by pod (the NVML processes' cgroups).",
@@ -400,6 +402,7 @@ def agent(
     Exit code 2 on bad input or when NVML cannot initialise (no NVIDIA driver).
     """
     from gputask.agent.main import cli_agent
+    from gputask.agent.podresources import SOCKET as KUBELET_SOCKET
 
     raise typer.Exit(
         cli_agent(
@@ -410,7 +413,9 @@ def agent(
             metrics_port=metrics_port,
             kubeconfig=kubeconfig,
             metrics_address=metrics_bind_address,
-            pod_resources_socket=pod_resources_socket,
+            pod_resources_socket=(
+                pod_resources_socket if pod_resources_socket is not None else "" if fake_gpus else KUBELET_SOCKET
+            ),
             host_pid=host_pid,
         )
     )

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 _DNS_SUBDOMAIN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 """A RuntimeClass name (a DNS subdomain, as the API validates ``runtimeClassName``), or empty."""
@@ -98,7 +98,7 @@ class MemoryBudgetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     action: Literal["Warn", "Evict"] = "Warn"
-    tolerance_mib: int = Field(1024, alias="toleranceMiB", ge=0)
+    tolerance_mib: StrictInt = Field(1024, alias="toleranceMiB", ge=0)
 
 
 class Config(BaseModel):
@@ -116,7 +116,7 @@ class Config(BaseModel):
     pinning: Literal["envvar", "cdi", "dra"] = "envvar"
     job_runtime_class_name: str = Field("", alias="jobRuntimeClassName", max_length=253, pattern=_DNS_SUBDOMAIN)
     namespace: str = ""
-    foreign_tolerance_mib: int = Field(1024, alias="foreignMemoryToleranceMiB", ge=0)
+    foreign_tolerance_mib: StrictInt = Field(1024, alias="foreignMemoryToleranceMiB", ge=0)
     leader_election: bool = Field(False, alias="leaderElection")
     lease_name: str = Field("gputask-operator", alias="leaseName")
     lease_namespace: str = Field("", alias="leaseNamespace")
@@ -124,8 +124,8 @@ class Config(BaseModel):
     lease_renew_deadline_s: Duration = Field(10.0, alias="leaseRenewDeadline", gt=0)
     lease_renew_s: Duration = Field(2.0, alias="leaseRenewInterval", gt=0)
     pod_start_timeout_s: Duration = Field(120.0, alias="podStartTimeout", gt=0)
-    api_concurrency: int = Field(16, alias="apiConcurrency", ge=1, le=256)
-    queue_positions_tracked: int = Field(100, alias="queuePositionsTracked", ge=0, le=100_000)
+    api_concurrency: StrictInt = Field(16, alias="apiConcurrency", ge=1, le=256)
+    queue_positions_tracked: StrictInt = Field(100, alias="queuePositionsTracked", ge=0, le=100_000)
     fair_sharing: FairSharingConfig = Field(default_factory=FairSharingConfig, alias="fairSharing")
     memory_budget: MemoryBudgetConfig = Field(default_factory=MemoryBudgetConfig, alias="memoryBudget")
 
@@ -166,12 +166,27 @@ class ConfigError(Exception):
     """The configuration file is missing, unreadable or invalid; the message says where."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (it would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: Path | None) -> Config:
     """Load and validate the configuration; None gives the defaults. Raises ConfigError."""
     if path is None:
         return Config()
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}  # a SafeLoader: builds plain data only
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not isinstance(raw, dict):

@@ -775,3 +775,13 @@ def test_agent_uses_the_gpu_operators_runtime_class_by_default_and_notes_warn_wh
             fake["spec"]["template"]["spec"].get("runtimeClassName"), "NVIDIA_VISIBLE_DEVICES" in fake_env,
             'RuntimeClass "nvidia" was not found' in notes, "--set agent.runtimeClassName=<name>" in notes,
             "RuntimeClass" in quiet) == ("nvidia", "all", None, False, True, True, False)
+
+
+def test_schema_refuses_dra_pinning_with_kueue_queueing_as_the_operator_does(helm: str) -> None:
+    """config.pinning=dra with config.queueing=kueue fails at install (the operator would exit 2 at start and
+    crash-loop); cdi with kueue, and dra alone, render."""
+    def refused(*sets: str) -> bool:
+        return helmtool.helm_run(helm, *helmtool.template_args(sets=list(sets)), check=False).returncode != 0
+
+    dra, cdi, kueue = "config.pinning=dra", "config.pinning=cdi", "config.queueing=kueue"
+    assert [refused(dra, kueue), refused(cdi, kueue), refused(dra)] == [True, False, False]

@@ -139,7 +139,8 @@ async def test_malformed_readings_never_crash_the_agent_against_the_api(cluster:
 
 
 async def test_agent_command_reports_and_exits_0_on_sigterm(cluster: Cluster) -> None:
-    """`gputask agent --fake-gpus` as a process writes the GPUNode and exits 0 on SIGTERM."""
+    """`gputask agent --fake-gpus` as a process writes the GPUNode (fake GPUs: no kubelet's socket read, so
+    podResources says Disabled) and exits 0 on SIGTERM."""
     await add_ready_node(cluster, NODE)
     args = ["--node-name", NODE, "--fake-gpus", "1x8Gi", "--interval", "100ms", "--metrics-port", "0"]
     proc = await gputask_command(
@@ -150,7 +151,9 @@ async def test_agent_command_reports_and_exits_0_on_sigterm(cluster: Cluster) ->
     finally:
         proc.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
-    assert (proc.returncode, [g["uuid"] for g in obj["status"]["gpus"]]) == (0, [U0]), output.decode()
+    said = obj["status"]["podResources"]
+    assert (proc.returncode, [g["uuid"] for g in obj["status"]["gpus"]], said["available"], said["reason"]) == (
+        0, [U0], False, "Disabled"), output.decode()
 
 
 async def test_agent_and_operator_commands_exit_2_on_a_taken_metrics_port(cluster: Cluster) -> None:

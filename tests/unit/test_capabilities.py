@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from gputask.config import Config
+from gputask.core import GpuSlot, NodeName, Placement
+from gputask.k8s import pinner as pinner_module
 from gputask.k8s.capabilities import Capabilities, missing_for, probe, summary, verdict
 from gputask.k8s.client import ApiError, NotFound, Resource
+from gputask.k8s.pinner import Pinner
+from gputask.k8s.writer import Writer
+from gputask.metrics import OperatorMetrics
 
 
 class Served:
@@ -74,3 +80,40 @@ def test_a_mig_placement_needs_the_mig_device_class_in_dra_mode_only() -> None:
     mig = ["MIG-5c4b2c1d-7d3e-5f7a-8b9c-0d1e2f3a4b5c"]
     assert [missing_for(caps, "dra", mig), missing_for(caps, "dra", ["GPU-1"]), missing_for(caps, "envvar", mig)] == [
         "DeviceClass mig.nvidia.com does not exist, so the MIG devices of this placement cannot be claimed", None, None]
+
+
+class Clock:
+    """A monotonic clock tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_what_the_cluster_offers_is_looked_at_again_whatever_it_found(monkeypatch: Any) -> None:
+    """cdi: a RuntimeClass deleted after a good check stops admissions at the first one after RECHECK_S (pods
+    would be refused); dra: DeviceClasses that could not be read hold admissions (the version to write claims in
+    is unknown) until a later look reads them."""
+    clock = Clock()
+    monkeypatch.setattr(pinner_module.time, "monotonic", clock)
+    placement = Placement(NodeName("n"), (GpuSlot(0, "GPU-0", 4096),))
+    cdi_api = Served({"node.k8s.io/v1/runtimeclasses": ["nvidia-cdi"]})
+    cdi = Pinner(Config(pinning="cdi", jobRuntimeClassName="nvidia-cdi"), Writer(cdi_api), OperatorMetrics())  # type: ignore[arg-type]
+    dra_api = Served({"node.k8s.io/v1/runtimeclasses": [], "resource.k8s.io/v1/deviceclasses": ["gpu.nvidia.com"]},
+                     forbidden=("resource.k8s.io/v1/deviceclasses",))
+    dra = Pinner(Config(pinning="dra"), Writer(dra_api), OperatorMetrics())  # type: ignore[arg-type]
+    await cdi.check(announce=False)
+    await dra.check(announce=False)
+    first = [await cdi.refusal(placement), await dra.refusal(placement)]
+    cdi_api.served["node.k8s.io/v1/runtimeclasses"] = []
+    dra_api.forbidden = ()
+    clock.now += pinner_module.RECHECK_S
+    second = [await cdi.refusal(placement), await dra.refusal(placement)]
+    assert (first, second) == (
+        [None, "GPU pinning 'dra' cannot be checked: DeviceClasses could not be listed (DeviceClasses (403 "
+               "Forbidden)); looked at again at the next retry"],
+        ["GPU pinning 'cdi' cannot work in this cluster: RuntimeClass 'nvidia-cdi' (jobRuntimeClassName) does not "
+         "exist", None],
+    )

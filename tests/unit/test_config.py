@@ -215,3 +215,22 @@ def test_fair_sharing_preemption_strategies_follow_kueues_rules(tmp_path: Path) 
     path.write_text("fairSharing: {preemptionStrategies: [Fairest]}\n")
     with pytest.raises(ConfigError, match="preemptionStrategies must be one or two of"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("memoryBudget: {toleranceMiB: true}\n", "memoryBudget.toleranceMiB: Input should be a valid integer"),
+        ("apiConcurrency: '16'\n", "apiConcurrency: Input should be a valid integer"),
+        ("policy: packing\npolicy: fgd\n", "key 'policy' is given twice"),
+    ],
+)
+def test_a_boolean_or_string_for_a_number_and_a_key_given_twice_are_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """YAML's true is not 1 and '16' is not 16; a key given twice is an error, not the last one silently."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in str(info.value)

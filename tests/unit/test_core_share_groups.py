@@ -27,7 +27,7 @@ from gputask.core import (
     make_policy,
 )
 from gputask.core.preemption import Victim, could_fit_without
-from gputask.core.reasons import refusals
+from gputask.core.reasons import refusals, share_group_text
 
 GIB = 1024  # MiB
 
@@ -124,7 +124,9 @@ def test_the_gpu_refusal_says_the_gpus_are_held_by_another_group() -> None:
     cluster = ClusterState([node("a", 24)])
     cluster.reserve(task("m", 4, "MPS"), on("a", 0, 4))
     [refusal] = refusals(cluster.node(NodeName("a")), task("plain", 4))
-    assert refusal.text == "no GPU with 4096 MiB free not shared by tasks outside share group ''"
+    assert refusal.text == (
+        "no GPU with 4096 MiB free that tasks of another share group do not hold (this task's: time-slicing)"
+    )
 
 
 def test_preemption_counts_a_gpu_usable_only_once_every_holder_of_another_group_is_gone() -> None:
@@ -153,3 +155,10 @@ def test_share_group_is_part_of_the_fit_key() -> None:
     """Two tasks alike but for their share group place differently, so their fit keys differ."""
     plain = task("t", 4)
     assert plain.fit_key != replace(plain, request=replace(plain.request, share_group="MPS")).fit_key
+
+
+def test_share_groups_are_said_as_people_say_them() -> None:
+    """The wait message names a share group by how the GPU is shared and, with DRA, the namespace."""
+    assert [share_group_text(g) for g in ("", "MPS", "namespace ml", "namespace ml, MPS")] == [
+        "time-slicing", "MPS", "time-slicing in namespace ml", "MPS in namespace ml",
+    ]

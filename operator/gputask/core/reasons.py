@@ -184,8 +184,18 @@ def gpu_refusal(state: NodeState, task: Task, *, ever: bool = False) -> Refusal 
     if req.exclusive:
         return Refusal(Filter.GPU, f"fewer than {req.count} idle GPUs" if req.count > 1 else "no idle GPU")
     if not ever and any(not state.admits(pos, req.share_group) for pos in range(len(gpus))):
-        need += f" not shared by tasks outside share group {req.share_group!r}"
+        need += f" that tasks of another share group do not hold (this task's: {share_group_text(req.share_group)})"
     return Refusal(Filter.GPU, f"fewer than {req.count} GPUs with {need}" if req.count > 1 else f"no GPU with {need}")
+
+
+def share_group_text(group: str) -> str:
+    """A share group as people say it: ``""`` time-slicing, ``"MPS"`` MPS, ``"namespace ml, MPS"`` MPS in namespace
+    ml (the groups :func:`gputask.manifests.convert.share_group` makes)."""
+    namespace = ""
+    if group.startswith("namespace "):
+        namespace, _, group = group.partition(", ")
+    what = "MPS" if group == "MPS" else "time-slicing"
+    return f"{what} in {namespace}" if namespace else what
 
 
 def refusals(state: NodeState, task: Task, *, ever: bool = False) -> list[Refusal]:

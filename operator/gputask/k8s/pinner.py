@@ -4,8 +4,10 @@
   objects are written in, the gauge ``gputask_pinning_mode_supported{mode}``, and (announced at start) logs one line
   (at error when the configured mode cannot work) and posts one Event on the operator's own Pod.
 - :meth:`Pinner.refusal` says why an admission cannot be pinned now (reason ``PinningUnavailable``): the configured
-  mode cannot work (looked at again when the last look is older than :data:`RECHECK_S`, so a driver installed later is
-  found at the task's next retry), or a MIG device needs a DeviceClass that does not exist.
+  mode cannot work, or (dra) cannot be checked, so the version to write DRA objects in is unknown, or a MIG device
+  needs a DeviceClass that does not exist. What the cluster offers is looked at again at an admission once the last
+  look is older than :data:`RECHECK_S`, whatever it found: a driver installed later is found at a task's next retry,
+  and a RuntimeClass or DeviceClass deleted since stops admissions before pods are made that cannot start.
 - In ``dra`` mode :meth:`Pinner.prepare` creates what a Job needs before the Job (:mod:`gputask.k8s.dra`), a deleted
   Job's ResourceClaimTemplate goes with it (:meth:`job_deleted`), and :meth:`collect` deletes each shared
   ResourceClaim no placed task uses any more. :meth:`rebuild` (a new leader) finds the shared claims that exist and
@@ -43,7 +45,7 @@ log = logging.getLogger("gputask.pinning")
 
 PINNING_UNAVAILABLE = "PinningUnavailable"
 RECHECK_S = 30.0
-"""A configured mode found unable to work is looked at again, at a refused admission, once its last look is older."""
+"""What the cluster offers is looked at again, at an admission, once the last look is older than this (seconds)."""
 
 
 class Pinner:
@@ -89,16 +91,22 @@ class Pinner:
 
     async def refusal(self, placement: Placement) -> str | None:
         """Why ``placement`` cannot be pinned now, or None (see the module docstring)."""
-        if self.ok is False and time.monotonic() - self.checked_at >= RECHECK_S:
+        if self.caps is not None and time.monotonic() - self.checked_at >= RECHECK_S:
+            before = self.ok
             await self.check(announce=False)
-            if self.ok is not False:
-                log.info("GPU pinning %r can work now; admitting again", self.pinning.mode)
+            if self.ok != before:
+                word = {True: "can work now", False: "CANNOT WORK now", None: "cannot be checked now"}[self.ok]
+                log.log(logging.ERROR if self.ok is False else logging.INFO, "GPU pinning %r %s", self.pinning.mode,
+                        word)
         caps = self.caps
         if caps is None:
             return None
+        _, why = verdict(caps, self.pinning.mode, self.pinning.runtime_class)
         if self.ok is False:
-            _, why = verdict(caps, self.pinning.mode, self.pinning.runtime_class)
             return f"GPU pinning {self.pinning.mode!r} cannot work in this cluster: {why}"
+        if self.ok is None and self.pinning.mode == "dra":  # the version to write claims in is not known
+            unread = ", ".join(caps.unreadable)
+            return f"GPU pinning 'dra' cannot be checked: {why} ({unread}); looked at again at the next retry"
         return missing_for(caps, self.pinning.mode, [g.uuid for g in placement.gpus])
 
     # -- DRA objects ------------------------------------------------------------------------------
