@@ -10,6 +10,7 @@ Errors::
 
     ApiError                 an API call failed (``status``: HTTP code, 0 = unreachable)
     ├── NotFound             404
+    ├── Expired              410: a watch's resourceVersion is older than the server keeps (list again)
     ├── AlreadyExists        409 on create: an object of that name exists
     ├── Conflict             409 on update: the resourceVersion was stale
     └── Fenced               not sent: the guard (leadership) said no just before sending
@@ -24,7 +25,7 @@ import asyncio
 import json
 import os
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +38,8 @@ from gputask import __version__
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long fails (ApiError 0 Unreachable) instead of holding a thread
+PAGE_SIZE = 500  # objects per LIST page (client-go's reflector pages by 500 too)
+WATCH_TIMEOUT_S = 300  # a watch asks the server to end it after this long (it is then resumed), as kopf's do
 
 
 class ApiError(Exception):
@@ -57,6 +60,11 @@ class AlreadyExists(ApiError):
 
 class Conflict(ApiError):
     """409 on update: the resourceVersion was stale."""
+
+
+class Expired(ApiError):
+    """410 Gone / Expired: a watch (or a LIST's continue token) asked for a resourceVersion older than the
+    server's event window; only a new LIST can say what changed since."""
 
 
 class Fenced(ApiError):
@@ -90,6 +98,15 @@ class Resource:
         if sub:
             base += f"/{sub}"
         return base
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A whole LIST (every page): the objects, and the collection's resourceVersion at that moment, from which a
+    watch sees every later change."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
 
 
 GPUTASKS = Resource("gputask.io", "v1alpha1", "gputasks")
@@ -161,6 +178,26 @@ class KubeApi(Protocol):
         self, res: Resource, namespace: str | None = None, *, labels: str | None = None, fields: str | None = None
     ) -> list[dict[str, Any]]:
         """LIST objects, optionally by label and field selector."""
+        ...
+
+    async def list_versioned(
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None
+    ) -> Listed:
+        """LIST every object (in pages), with the list's resourceVersion."""
+        ...
+
+    def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        labels: str | None = None,
+        timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """Watch events after ``resource_version``, in batches of those that arrived together (each a dict with
+        ``type``: ADDED, MODIFIED, DELETED or BOOKMARK, and ``object``); ends when the server ends the watch
+        (after about ``timeout_s``). Raises Expired when that resourceVersion is too old, ApiError otherwise."""
         ...
 
     async def create(
@@ -308,6 +345,61 @@ class KubeClient:
         result = await self._call("GET", res.path(namespace), query=query or None)
         return list(result.get("items") or [])
 
+    async def list_versioned(
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None
+    ) -> Listed:
+        """LIST every object in pages of :data:`PAGE_SIZE` (``limit``/``continue``: one snapshot, as the API server
+        serves a paginated list), with the first page's resourceVersion. Expired when a continue token outlived
+        the server's window (list again)."""
+        items: list[dict[str, Any]] = []
+        query = {"limit": str(PAGE_SIZE), **({"labelSelector": labels} if labels else {})}
+        version = ""
+        while True:
+            page = await self._call("GET", res.path(namespace), query=query)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            if not meta.get("continue"):
+                return Listed(items, version)
+            query["continue"] = str(meta["continue"])
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        labels: str | None = None,
+        timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """Watch events after ``resource_version`` (with bookmarks), in batches of the lines that arrived together,
+        each parsed once into plain dicts. An ERROR event ends the stream: Expired for 410, else ApiError with its
+        code; a broken connection is ApiError 0. Closing the iterator closes the connection."""
+        params = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", resource_version),
+                  ("timeoutSeconds", str(timeout_s)), *((("labelSelector", labels),) if labels else ())]
+        path = res.path(namespace)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=timeout_s + 30)
+        try:
+            async with self._http().get(self.configuration.host + path, params=params, timeout=timeout,
+                                        headers=self._headers("GET", path), **self._proxy) as response:
+                if response.status >= 400:
+                    raise _error(response.status, response.reason or "", await response.read(), "WATCH")
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    events = [json.loads(line) for line in lines if line.strip()]
+                    failed = next((e for e in events if e.get("type") == "ERROR"), None)
+                    if failed is not None:
+                        if events[: events.index(failed)]:
+                            yield events[: events.index(failed)]
+                        status = failed.get("object") or {}
+                        raise _error(int(status.get("code") or 0), str(status.get("reason") or ""),
+                                     json.dumps(status).encode(), "WATCH")
+                    if events:
+                        yield events
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise ApiError(0, "Unreachable", f"watch of {path} ended: {exc!r}") from None
+
     async def create(
         self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *, guard: Guard | None = None
     ) -> dict[str, Any]:
@@ -411,6 +503,8 @@ def _error(status: int, http_reason: str, body: Any, method: str) -> ApiError:
     message = str(detail.get("message") or (body.decode(errors="replace") if isinstance(body, bytes) else body) or "")
     if status == 404:
         return NotFound(status, reason, message)
+    if status == 410:
+        return Expired(status, reason, message)
     if status == 409:
         cls = AlreadyExists if method == "POST" or reason == "AlreadyExists" else Conflict
         return cls(status, reason, message)

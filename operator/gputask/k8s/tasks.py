@@ -91,6 +91,7 @@ class TaskRecord:
     revision_error: tuple[str, str] | None = None  # that edit is invalid: the task fails when requeued
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     flavor: str = ""  # the ResourceFlavor of its current admission ("" for a queue without resourceGroups)
+    whole_at: str | None = None  # the resourceVersion at which ``obj`` is the whole stored object (None: unsure)
 
     @property
     def namespace(self) -> str:
@@ -334,8 +335,12 @@ class Transitions:
             except ApiError as exc:
                 log.warning("status patch of %s failed: %s; tried again later", record.key, exc)
                 return REFUSED
-            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", meta.get("resourceVersion"))
+            sent = meta.get("resourceVersion")
+            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", sent)
             record.obj["status"] = stored.get("status", status)
+            # the write carried the version it changed (a conflict otherwise) and changes only the status: when
+            # obj was the whole object at that version, it is the whole object at the new one too
+            record.whole_at = meta["resourceVersion"] if sent is not None and record.whole_at == sent else None
             return WRITTEN
         log.warning("status patch of %s kept conflicting; tried again later", record.key)
         return REFUSED

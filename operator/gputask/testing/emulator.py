@@ -130,6 +130,12 @@ class GpuTaskEmulator(KubernetesEmulator):
         for watch in self.store.watches:
             watch.queue.put_nowait(None)
 
+    def compact(self) -> None:
+        """Drop the watch event log, as etcd compaction does: a watch resumed from an earlier resourceVersion is
+        answered 410 Expired (its client must list again)."""
+        self.store.log.clear()
+        self.store.log_floor = self.store.rv
+
     @property
     def resource_version(self) -> int:
         """The latest resourceVersion handed out."""
