@@ -13,12 +13,15 @@ from kubernetes import client as k8s_client
 from gputask.k8s.client import LEASES, ApiError, KubeClient, _proxy, _retries, _ssl_context
 
 
-async def recording_server(seen: list[dict[str, str]]) -> tuple[web.AppRunner, str]:
-    """An HTTP server that answers every request with ``{}`` and keeps its method, path, query and headers."""
+async def recording_server(seen: list[dict[str, str]], refuse: set[str] = frozenset()) -> tuple[web.AppRunner, str]:
+    """An HTTP server that keeps each request's method, path, query and headers, and answers ``{}`` (401 to a
+    bearer token in ``refuse``)."""
 
     async def answer(request: web.Request) -> web.Response:
         seen.append({"method": request.method, "path": request.path, "query": request.query_string,
                      **{k.lower(): v for k, v in request.headers.items()}})
+        if request.headers.get("Authorization", "").removeprefix("Bearer ") in refuse:
+            return web.json_response({"kind": "Status", "code": 401, "reason": "Unauthorized"}, status=401)
         return web.json_response({})
 
     app = web.Application()
@@ -31,15 +34,16 @@ async def recording_server(seen: list[dict[str, str]]) -> tuple[web.AppRunner, s
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def test_requests_carry_the_configurations_token_refreshed_by_its_hook() -> None:
-    """Each request sends the bearer token the configuration holds after its refresh hook ran (an in-cluster
-    token rotates), the user agent and the writer's fieldManager."""
+async def test_requests_carry_the_token_and_a_401_sends_again_with_the_refreshed_one() -> None:
+    """Requests send the configuration's bearer token (its refresh hook asked once, not per request), the user
+    agent and the writer's fieldManager; a 401 asks the hook at once and sends the request again with the new
+    token, which later requests keep."""
     seen: list[dict[str, str]] = []
-    runner, host = await recording_server(seen)
+    runner, host = await recording_server(seen, refuse={"first"})
     configuration = k8s_client.Configuration()
     configuration.host = host
-    configuration.api_key = {"authorization": "Bearer first"}
-    tokens = iter(["first", "second"])
+    configuration.api_key = {"authorization": "Bearer loaded"}  # as the kubeconfig loader leaves it
+    tokens = iter(["first", "second", "third"])
 
     def refresh(config: Any) -> None:
         config.api_key = {"authorization": f"Bearer {next(tokens)}"}
@@ -54,12 +58,13 @@ async def test_requests_carry_the_configurations_token_refreshed_by_its_hook() -
     finally:
         await client.close()
         await runner.cleanup()
+    path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/l"
     assert [(s["method"], s["path"], s["query"], s["authorization"], s["user-agent"], s.get("content-type"))
             for s in seen] == [
-        ("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases/l", "", "Bearer first", "gputask-test/1",
-         None),
-        ("PATCH", "/apis/coordination.k8s.io/v1/namespaces/default/leases/l", "fieldManager=gputask-test",
-         "Bearer second", "gputask-test/1", "application/merge-patch+json"),
+        ("GET", path, "", "Bearer first", "gputask-test/1", None),
+        ("GET", path, "", "Bearer second", "gputask-test/1", None),
+        ("PATCH", path, "fieldManager=gputask-test", "Bearer second", "gputask-test/1",
+         "application/merge-patch+json"),
     ]
 
 

@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import ssl
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ from gputask import __version__
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long fails (ApiError 0 Unreachable) instead of holding a thread
+AUTH_REFRESH_S = 10.0  # the configuration's token refresh hook runs at most this often (and after a 401)
 PAGE_SIZE = 500  # objects per LIST page (client-go's reflector pages by 500 too)
 WATCH_TIMEOUT_S = 300  # a watch asks the server to end it after this long (it is then resumed), as kopf's do
 
@@ -273,6 +275,8 @@ class KubeClient:
         self._ssl = _ssl_context(self.configuration)
         self._proxy = _proxy(self.configuration)
         self._session: aiohttp.ClientSession | None = None
+        self._auth_headers: dict[str, str] | None = None
+        self._auth_at = 0.0
         self._limit = asyncio.Semaphore(workers)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -286,11 +290,23 @@ class KubeClient:
                                                   skip_auto_headers=("Accept-Encoding",))
         return self._session
 
-    def _headers(self, method: str, path: str, content_type: str | None = None) -> dict[str, str]:
-        """Accept, Content-Type and the authentication the configuration holds (its token refreshed by its hook)."""
-        headers = {"Accept": "application/json", **({"Content-Type": content_type} if content_type else {})}
-        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
-        return headers
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        """Accept, Content-Type and the authentication the configuration holds (:meth:`_auth`)."""
+        return {"Accept": "application/json", **({"Content-Type": content_type} if content_type else {}),
+                **self._auth()}
+
+    def _auth(self, *, fresh: bool = False) -> dict[str, str]:
+        """The Authorization header of the configuration, its token refreshed by the configuration's hook at most
+        every :data:`AUTH_REFRESH_S` (or at once when ``fresh``: after a 401). The kubeconfig loader's hook
+        resets the whole configuration each time it runs, 9% of the operator's CPU in a burst when run per
+        request; a rotated token stays valid long after its successor is written (kubelet rotates projected
+        tokens at 80% of their lifetime), so seconds of caching lose nothing."""
+        now = time.monotonic()
+        if fresh or self._auth_headers is None or now - self._auth_at >= AUTH_REFRESH_S:
+            headers: dict[str, str] = {}
+            self._api.update_params_for_auth(headers, [], ["BearerToken"], "", "GET", None)
+            self._auth_headers, self._auth_at = headers, now
+        return self._auth_headers
 
     async def _call(
         self,
@@ -306,23 +322,8 @@ class KubeClient:
         if method in ("POST", "PUT", "PATCH"):
             params.append(("fieldManager", self.field_manager))
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        session = self._http()
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         async with self._limit:
-            for attempt in range(self._retries + 1):
-                headers = self._headers(method, path, content_type if data is not None else None)
-                if guard is not None and not guard():
-                    raise Fenced()
-                try:
-                    async with session.request(method, self.configuration.host + path, params=params, data=data,
-                                               headers=headers, timeout=timeout, **self._proxy) as response:
-                        status, reason, payload = response.status, response.reason or "", await response.read()
-                    break
-                except aiohttp.ClientConnectorError as exc:  # not connected, so not sent: try again
-                    if attempt == self._retries:
-                        raise ApiError(0, "Unreachable", str(exc)) from None
-                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                    raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from None
+            status, reason, payload = await self._exchange(method, path, params, data, content_type, guard)
         if status >= 400:
             raise _error(status, reason, payload, method)
         try:
@@ -330,6 +331,36 @@ class KubeClient:
         except ValueError:
             result = {}
         return result if isinstance(result, dict) else {}
+
+    async def _exchange(
+        self, method: str, path: str, params: list[tuple[str, str]], data: bytes | None, content_type: str,
+        guard: Guard | None,
+    ) -> tuple[int, str, bytes]:
+        """Send one request (a slot held): (status, reason, body). A connection that cannot be opened is tried
+        again (nothing was sent); a 401 is sent once more when the refresh hook gives another token."""
+        session, attempt, renewed = self._http(), 0, False
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        while True:
+            auth = self._auth()
+            headers = {**self._headers(content_type if data is not None else None), **auth}
+            if guard is not None and not guard():
+                raise Fenced()
+            try:
+                async with session.request(method, self.configuration.host + path, params=params, data=data,
+                                           headers=headers, timeout=timeout, **self._proxy) as response:
+                    status, reason, payload = response.status, response.reason or "", await response.read()
+            except aiohttp.ClientConnectorError as exc:  # not connected, so not sent: try again
+                attempt += 1
+                if attempt > self._retries:
+                    raise ApiError(0, "Unreachable", str(exc)) from None
+                continue
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from None
+            if status == 401 and not renewed:  # the token may have rotated: ask the hook now
+                renewed = True
+                if self._auth(fresh=True) != auth:
+                    continue
+            return status, reason, payload
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         """GET one object."""
@@ -381,7 +412,7 @@ class KubeClient:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=timeout_s + 30)
         try:
             async with self._http().get(self.configuration.host + path, params=params, timeout=timeout,
-                                        headers=self._headers("GET", path), **self._proxy) as response:
+                                        headers=self._headers(), **self._proxy) as response:
                 if response.status >= 400:
                     raise _error(response.status, response.reason or "", await response.read(), "WATCH")
                 pending = b""
