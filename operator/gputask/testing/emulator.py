@@ -15,9 +15,10 @@ import asyncio
 import collections
 import copy
 import dataclasses
+import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -340,9 +341,8 @@ class GpuTaskEmulator(KubernetesEmulator):
                 message = f"too old resource version: {since}"
                 yield {"type": "ERROR", "object": _http.status_body(410, "Expired", message)}
                 return
-            for event in backlog:
-                if (out := event.seen_as(namespace, matches)) is not None:
-                    yield out
+            if replayed := _lines(e.seen_as(namespace, matches) for e in backlog):
+                yield replayed
             if initial:
                 yield {
                     "type": "BOOKMARK",
@@ -365,10 +365,13 @@ class GpuTaskEmulator(KubernetesEmulator):
                     next_event = await asyncio.wait_for(watch.queue.get(), remaining)
                 except TimeoutError:
                     break
-                if next_event is None:
+                ready = [next_event]  # and every event already queued: one write for all of them, as the API
+                while ready[-1] is not None and not watch.queue.empty():  # server sends what it has at once
+                    ready.append(watch.queue.get_nowait())
+                if chunk := _lines(e.seen_as(namespace, matches) for e in ready if e is not None):
+                    yield chunk
+                if ready[-1] is None:
                     break
-                if (out := next_event.seen_as(namespace, matches)) is not None:
-                    yield out
         finally:
             self.store.watches.discard(watch)
 
@@ -456,3 +459,8 @@ class GpuTaskEmulator(KubernetesEmulator):
         policy = request.params.get("propagationPolicy") or options.get("propagationPolicy")
         orphan = policy == "Orphan" or options.get("orphanDependents") is True
         return Response(status=200, payload=self.store.delete(res, key, current, orphan=orphan))
+
+
+def _lines(events: Iterable[Obj | None]) -> bytes:
+    """Watch events as the API server streams them: one JSON object per line (None: not seen by this watch)."""
+    return b"".join(json.dumps(event).encode() + b"\n" for event in events if event is not None)
