@@ -48,7 +48,7 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "leaseRenewDeadline": 10.0,
         "leaseRenewInterval": 2.0,
         "podStartTimeout": 120.0,
-        "apiConcurrency": 16,
+        "apiConcurrency": 64,
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
     }
@@ -82,7 +82,7 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "leaseRenewDeadline": 10.0,
         "leaseRenewInterval": 2.0,
         "podStartTimeout": 120.0,
-        "apiConcurrency": 16,
+        "apiConcurrency": 64,
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
     }
