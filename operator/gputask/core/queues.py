@@ -27,6 +27,7 @@ class QueueManager:
         self._tasks: dict[TaskKey, Task] = {}
         self._order: list[OrderKey] = []
         self._by_queue: dict[str, list[OrderKey]] = {}  # each queue's own order, kept as tasks come and go
+        self._groups: dict[tuple[str, str, str | None], int] = {}  # pending per queue, namespace, local queue
 
     def push(self, task: Task) -> None:
         """Add or replace a pending task."""
@@ -35,6 +36,8 @@ class QueueManager:
         ok = order_key(task)
         bisect.insort(self._order, ok)
         bisect.insort(self._by_queue.setdefault(task.queue, []), ok)
+        group = (task.queue, task.namespace, task.local_queue)
+        self._groups[group] = self._groups.get(group, 0) + 1
 
     def discard(self, key: TaskKey) -> Task | None:
         """Remove a task if pending; returns it."""
@@ -46,6 +49,11 @@ class QueueManager:
             del own[bisect.bisect_left(own, ok)]
             if not own:
                 del self._by_queue[task.queue]
+            group = (task.queue, task.namespace, task.local_queue)
+            if self._groups[group] == 1:
+                del self._groups[group]
+            else:
+                self._groups[group] -= 1
         return task
 
     def rank(self, task: Task) -> int:
@@ -80,6 +88,10 @@ class QueueManager:
             task = self._tasks.get(TaskKey(key))
             if task is not None:
                 yield task
+
+    def count_by_group(self) -> dict[tuple[str, str, str | None], int]:
+        """Number of pending tasks per (GPUClusterQueue, namespace, GPULocalQueue) (kept as tasks come and go)."""
+        return dict(self._groups)
 
     def count_by_queue(self) -> dict[str, int]:
         """Number of pending tasks per queue name (kept as tasks come and go: O(queues))."""
