@@ -393,3 +393,45 @@ async def test_a_queue_finalizer_patch_refused_as_stale_is_not_retried_until_a_n
     await parts.executor.keep_queue_finalizers()
     finalizers = (await parts.client.get(GPUCLUSTERQUEUES, "q"))["metadata"].get("finalizers")
     assert (len(queue_writes()), finalizers) == (2, ["gputask.io/queue-in-use"])
+
+
+def test_heartbeats_turn_stale_and_fresh_as_time_passes_and_only_due_nodes_are_looked_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPUNode's heartbeat goes stale once older than heartbeatStaleAfter and one from the future turns fresh
+    once within the clock skew, with no event; a check before either moment reads no GPUNode at all."""
+    from gputask.k8s import inventory as inventory_module
+
+    parts = Parts(Config(heartbeatStaleAfter=120))
+    inventory, start = parts.controller.inventory, time.time()
+    beat = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+    future = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start + 3600))
+    for name, when in (("node-a", beat), ("node-b", future)):
+        status = {"gpus": [{**GPU0, "uuid": f"GPU-{name}"}], "heartbeatTime": when}
+        inventory.on_gpunode({"metadata": {"name": name}, "status": status}, start)
+    read: list[str] = []
+    real = inventory_module.Inventory._heartbeat
+
+    def counted(self: Any, status: Any, now: float) -> Any:
+        read.append(str(status.get("heartbeatTime")))
+        return real(self, status, now)
+
+    monkeypatch.setattr(inventory_module.Inventory, "_heartbeat", counted)
+    seen = []
+    for at in (start + 60, start + 125, start + 3600 - 50):
+        inventory.check_heartbeats(at)
+        seen.append((sorted(inventory.stale), len(read)))
+    assert seen == [(["node-b"], 0), (["node-a", "node-b"], 2), (["node-a"], 4)]
+
+
+def test_the_tasks_of_a_namespace_are_known_without_a_pass_over_every_task() -> None:
+    """The controller keeps task keys by namespace as tasks come and go: a namespace's event (its labels decide
+    whether Kueue manages its Jobs) makes only those due for the Kueue check."""
+    parts = Parts()
+    for name in ("a", "b"):
+        parts.submit(name)
+    other = parts.client.put(GPUTASKS, {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUTask",
+                                        "metadata": {"name": "c", "namespace": "ml"}, "spec": {}}, "ml")
+    parts.controller.on_task(other)
+    parts.controller.on_task_deleted(parts.client.all(GPUTASKS, "ns")[0])
+    assert parts.controller.in_namespace == {"ns": {TaskKey("ns/b")}, "ml": {TaskKey("ml/c")}}

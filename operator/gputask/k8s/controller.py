@@ -151,6 +151,7 @@ class Controller:
         self.local_queues = LocalQueues()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.by_uid: dict[str, TaskRecord] = {}
+        self.in_namespace: dict[str, set[TaskKey]] = {}  # task keys by namespace (a namespace's event touches these)
         self.jobs: dict[str, JobRecord] = {}  # by "namespace/name"
         self.jobs_of_task: dict[str, dict[str, JobRecord]] = {}  # task uid -> Job key -> Job
         self.held: dict[str, TaskKey] = {}  # departing Job key -> holding key in the scheduler
@@ -342,6 +343,7 @@ class Controller:
         if record is None:
             record = TaskRecord(key, str(meta.get("uid")), obj)
             self.tasks[key], self.by_uid[record.uid] = record, record
+            self.in_namespace.setdefault(record.namespace, set()).add(key)
             self._adopt_status(record, obj)
         old_spec, old_labels = record.obj.get("spec"), (record.obj["metadata"].get("labels") or {})
         record.obj, record.whole_at = obj, meta.get("resourceVersion")
@@ -577,6 +579,10 @@ class Controller:
         self.scheduler.finish(record.key)
         if self.tasks.get(record.key) is record:
             del self.tasks[record.key]
+            keys = self.in_namespace.get(record.namespace, set())
+            keys.discard(record.key)
+            if not keys:
+                self.in_namespace.pop(record.namespace, None)
         self.by_uid.pop(record.uid, None)
 
     # -- restart ------------------------------------------------------------------------------------

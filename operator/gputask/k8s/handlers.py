@@ -286,10 +286,15 @@ class Operator:
         self.loop.wake()
 
     def _track(
-        self, method: str, *, timed: bool = False, on: str = "inventory", then: Callable[[], None] | None = None
+        self,
+        method: str,
+        *,
+        timed: bool = False,
+        on: str = "inventory",
+        then: Callable[[dict[str, Any]], None] | None = None,
     ) -> Handler:
-        """A handler that passes the object to ``controller.<on>.<method>`` (looked up per event), then calls
-        ``then`` (if given)."""
+        """A handler that passes the object to ``controller.<on>.<method>`` (looked up per event), then passes it
+        to ``then`` (if given)."""
 
         async def handler(event: dict[str, Any], **_: Any) -> None:
             if not self.leading or self._kept(handler, event):
@@ -304,7 +309,7 @@ class Operator:
                     call(event["object"], deleted=deleted)
             self.loop.wake()
             if then is not None:
-                then()
+                then(event["object"])
 
         return handler
 
@@ -330,7 +335,8 @@ class Operator:
             (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpulocalqueues"), self._track("on_local_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpuresourceflavors"), self._track("on_flavor")),
-            (("v1", "namespaces"), self._track("on_namespace", then=lambda: self.kueue.note_everyone())),
+            (("v1", "namespaces"),
+             self._track("on_namespace", then=lambda obj: self.kueue.note_namespace(str(obj["metadata"]["name"])))),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)
 

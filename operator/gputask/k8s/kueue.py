@@ -215,8 +215,13 @@ class KueueSupport:
         self.wake()
 
     def note_everyone(self) -> None:
-        """Something every task's condition depends on changed (a namespace's labels): all are due."""
+        """Something every task's condition depends on changed (Kueue's LocalQueues): all are due."""
         self._everyone = True
+        self.wake()
+
+    def note_namespace(self, name: str) -> None:
+        """A namespace changed (its labels decide whether Kueue manages its Jobs): its tasks are due, no others."""
+        self._due |= self.controller.in_namespace.get(name, set())
         self.wake()
 
     # -- events -------------------------------------------------------------------------------
