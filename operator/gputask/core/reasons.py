@@ -325,4 +325,17 @@ def _tally_violations(scheduler: Scheduler) -> list[str]:
     kept = {g: (t.running, t.nominated, {k: v for k, v in t.usage.items() if v}) for g, t in
             scheduler.ledger.tallies.items()}
     counted = {g: (r, n, {k: v for k, v in u.items() if v}) for g, (r, n, u) in counted.items()}
-    return [] if kept == counted else [f"admitted tallies {kept} are not the admitted tasks' {counted}"]
+    out = [] if kept == counted else [f"admitted tallies {kept} are not the admitted tasks' {counted}"]
+    waits: dict[tuple[str, str], int] = {}
+    for key, (reason, _, _) in scheduler.reasons.items():
+        entry = scheduler.ledger.get(key)  # a nominated preemptor says Preempting
+        task = scheduler.pending.get(key) or (entry.task if entry is not None else None)
+        where = (task.queue if task is not None else "?", str(reason))
+        waits[where] = waits.get(where, 0) + 1
+    refused: dict[str, int] = {}
+    for filters in scheduler.filters.values():
+        for name, _ in filters:
+            refused[name] = refused.get(name, 0) + 1
+    if (waits, refused) != (scheduler.waiting_by_reason, scheduler.waiting_by_filter):
+        out.append(f"wait counts {scheduler.waiting_by_reason} {scheduler.waiting_by_filter} are not {waits} {refused}")
+    return out

@@ -173,6 +173,10 @@ class Scheduler:
         self.pending = QueueManager()
         self.reasons: dict[TaskKey, tuple[str, str, int]] = {}
         self.filters: dict[TaskKey, tuple[tuple[str, int], ...]] = {}  # waiting tasks: nodes refused per filter
+        # the waits said, counted as they change (metrics read these, not every waiting task):
+        self.waiting_by_reason: dict[tuple[str, str], int] = {}  # (queue, reason) -> waiting tasks
+        self.waiting_by_filter: dict[str, int] = {}  # filter -> waiting tasks some node refused by it
+        self._said_in: dict[TaskKey, tuple[str, str]] = {}  # (queue, reason) each recorded reason is counted under
         self.deferred: dict[TaskKey, tuple[float, str, str]] = {}  # backoff: until (s), reason, message
         self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
@@ -354,8 +358,7 @@ class Scheduler:
         changes nothing.
         """
         known = self.pending.discard(key) is not None
-        self.reasons.pop(key, None)
-        self.filters.pop(key, None)
+        self._forget_wait(key)
         known = self.deferred.pop(key, None) is not None or known
         known = key in self.revisions or known
         self.revisions.pop(key, None)
@@ -502,7 +505,7 @@ class Scheduler:
                 last = self.reasons.get(task.key)
                 moved = last is not None and last[2] != position and position < self.tracked_positions
                 if last is None or last[:2] != (decision.reason, decision.message) or moved:
-                    self.reasons[task.key] = (decision.reason, decision.message, position)
+                    self._say(task, decision.reason, decision.message, position)
                     decisions.append(replace(decision, position=position))
             if task.key in self.pending:
                 positions[task.queue] = position + 1
@@ -510,10 +513,40 @@ class Scheduler:
         return decisions
 
     def _note_filters(self, key: TaskKey, decision: Pending) -> None:
+        self._count_filters(self.filters.pop(key, ()), -1)
         if decision.filters:
             self.filters[key] = decision.filters
-        else:
-            self.filters.pop(key, None)
+            self._count_filters(decision.filters, 1)
+
+    def _count_filters(self, filters: tuple[tuple[str, int], ...], sign: int) -> None:
+        for name, _ in filters:
+            left = self.waiting_by_filter.get(name, 0) + sign
+            if left:
+                self.waiting_by_filter[name] = left
+            else:
+                del self.waiting_by_filter[name]
+
+    def _say(self, task: Task, reason: str, message: str, position: int) -> None:
+        """Record why ``task`` waits (and count it under its queue and reason)."""
+        self._uncount_wait(task.key)
+        self.reasons[task.key] = (reason, message, position)
+        where = self._said_in[task.key] = (task.queue, str(reason))
+        self.waiting_by_reason[where] = self.waiting_by_reason.get(where, 0) + 1
+
+    def _uncount_wait(self, key: TaskKey) -> None:
+        where = self._said_in.pop(key, None)
+        if where is not None:
+            left = self.waiting_by_reason[where] - 1
+            if left:
+                self.waiting_by_reason[where] = left
+            else:
+                del self.waiting_by_reason[where]
+
+    def _forget_wait(self, key: TaskKey) -> None:
+        """``key`` waits no more: drop its reason and filters (and their counts)."""
+        self.reasons.pop(key, None)
+        self._uncount_wait(key)
+        self._count_filters(self.filters.pop(key, ()), -1)
 
     def _incremental(self, now: float) -> list[Decision] | None:
         """The cycle when only new tasks came since a cycle that changed nothing (O(new tasks x log pending), plus
@@ -558,7 +591,7 @@ class Scheduler:
             out.sort(key=lambda d: where[d.task.key])
         for decision in out:  # nothing recorded before the order is known (the walk may still decide)
             self._note_filters(decision.task.key, decision)
-            self.reasons[decision.task.key] = (decision.reason, decision.message, decision.position)
+            self._say(decision.task, decision.reason, decision.message, decision.position)
         self.stats = CycleStats("incremental", len(new), self.stats.skipped)
         return list(out)
 
@@ -607,6 +640,7 @@ class Scheduler:
         out: list[Decision] = []
         for key in self.ledger.ready():
             entry = self.ledger.promote(key, now)
+            self._forget_wait(key)  # it said Preempting while nominated
             out.append(Admit(entry.task, entry.placement, entry.usage))
         return out
 
@@ -911,8 +945,7 @@ class Scheduler:
 
     def _unqueue(self, key: TaskKey) -> None:
         self.pending.discard(key)
-        self.reasons.pop(key, None)
-        self.filters.pop(key, None)
+        self._forget_wait(key)
 
     # -- preemption -----------------------------------------------------------------------------
     def _world(self) -> tuple[int, int, int, int]:
