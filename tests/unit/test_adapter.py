@@ -435,3 +435,56 @@ def test_the_tasks_of_a_namespace_are_known_without_a_pass_over_every_task() -> 
     parts.controller.on_task(other)
     parts.controller.on_task_deleted(parts.client.all(GPUTASKS, "ns")[0])
     assert parts.controller.in_namespace == {"ns": {TaskKey("ns/b")}, "ml": {TaskKey("ml/c")}}
+
+
+class Counted(dict):  # type: ignore[type-arg]  # a dict that counts passes over it
+    """A dict that counts how often something walks its keys, values or items."""
+
+    walks = 0
+
+    def __iter__(self) -> Any:
+        Counted.walks += 1
+        return super().__iter__()
+
+    def values(self) -> Any:
+        Counted.walks += 1
+        return super().values()
+
+    def items(self) -> Any:
+        Counted.walks += 1
+        return super().items()
+
+
+async def test_a_loop_pass_costs_what_changed_not_the_number_of_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 300 tasks waiting behind one running, a loop pass with nothing new tries no task and walks neither the
+    task records, the pending queue nor the running tasks (queue statuses, finalizers, metrics, heartbeats
+    included); a pass with one new task tries that one."""
+    from gputask.core.queues import QueueManager
+
+    parts = Parts()
+    parts.submit("running", gpuMemory="24Gi")
+    for i in range(300):
+        parts.submit(f"w{i:03d}", gpuMemory="24Gi")
+    for _ in range(3):
+        await parts.loop.run_once()
+    walks = {"pending": 0}
+    real_iter = QueueManager.__iter__
+
+    def counted_iter(self: QueueManager) -> Any:
+        walks["pending"] += 1
+        return real_iter(self)
+
+    monkeypatch.setattr(QueueManager, "__iter__", counted_iter)
+    controller, scheduler = parts.controller, parts.controller.scheduler
+    controller.tasks = Counted(controller.tasks)
+    scheduler.ledger.running = Counted(scheduler.ledger.running)
+    Counted.walks = 0
+    parts.loop._metrics_at = float("-inf")  # the once-a-second gauges too
+    await parts.loop.run_once()
+    quiet = (scheduler.stats.mode, scheduler.stats.tried, walks["pending"], Counted.walks)
+    parts.submit("late", gpuMemory="24Gi")
+    parts.loop._metrics_at = float("-inf")
+    await parts.loop.run_once()
+    assert (quiet, (scheduler.stats.mode, scheduler.stats.tried, walks["pending"], Counted.walks)) == (
+        ("skipped", 0, 0, 0), ("incremental", 1, 0, 0)
+    )
