@@ -331,6 +331,43 @@ async def test_kueue_mode_placements_are_in_the_ledger_violations_and_metrics() 
     assert scheduler.violations() == ["node-a GPU 0: 40960 MiB reserved > 24576 MiB"]
 
 
+async def test_a_kueue_mode_pass_looks_at_what_events_touched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In Kueue mode a pass with no event since looks at no task and no Workload; a Workload changed (its check
+    Pending again after a Retry) is the one answered, and a task changed the one whose Job is looked at."""
+    parts = Parts(Config(cycleInterval=0.2, queueing="kueue"))
+    admission = KueueAdmission(parts.client, parts.controller, parts.executor, asyncio.Lock())
+    parts.client.put(
+        ADMISSIONCHECKS, {"metadata": {"name": "gputask-placement"}, "spec": {"controllerName": "gputask.io/placement"}}
+    )
+    for name in ("a", "b", "c"):
+        parts.submit(name, gpuMemory="20Gi")
+    await admission.sync()  # after the rebuild, everything: each task gets its suspended Job
+    for job in parts.client.all(JOBS, "ns"):
+        parts.controller.on_job(job)
+        admission.on_job(job)
+    for name in ("a", "b", "c"):
+        admission.on_workload(parts.client.put(WORKLOADS, _workload(name), "ns"))
+    await admission.sync()
+    looked: list[str] = []
+    for method in ("_ensure_job", "_answer"):
+        real = getattr(KueueAdmission, method)
+
+        async def counted(self: KueueAdmission, subject: Any, *args: Any, _real: Any = real, _name: str = method
+                          ) -> Any:
+            looked.append(f"{_name} {getattr(subject, 'key', subject)}")
+            return await _real(self, subject, *args)
+
+        monkeypatch.setattr(KueueAdmission, method, counted)
+    await admission.sync()
+    quiet = list(looked)
+    retried = parts.client.all(WORKLOADS, "ns")[1]  # b: Kueue requeued it and asks again
+    retried["status"]["admissionChecks"][0]["state"] = "Pending"
+    admission.on_workload(retried)
+    admission.note_task(TaskKey("ns/c"))
+    await admission.sync()
+    assert (quiet, looked) == ([], ["_ensure_job ns/c", "_answer ns/job-b-1"])
+
+
 def _workload(name: str) -> dict[str, Any]:
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-1", "uid": "u", "controller": True}
     check = {"name": "gputask-placement", "state": "Pending", "message": "", "lastTransitionTime": _now()}

@@ -210,8 +210,11 @@ class KueueSupport:
         return detector.present, queues, detector.config
 
     def note_task(self, key: TaskKey) -> None:
-        """A task was added or changed: its condition is due (no pass over the others)."""
-        self._due.add(key)
+        """A task was added or changed: its condition (Kueue mode: its Job) is due (no pass over the others)."""
+        if self.kueue_mode:
+            self.admission.note_task(key)
+        else:
+            self._due.add(key)
         self.wake()
 
     def note_everyone(self) -> None:
@@ -235,7 +238,11 @@ class KueueSupport:
     def on_job(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
         """One of our Jobs changed: remember whether Kueue holds it suspended (gputask mode)."""
         uid = ((obj.get("metadata") or {}).get("annotations") or {}).get(TASK_UID_ANNOTATION)
-        if self.kueue_mode or not uid:
+        if self.kueue_mode:
+            self.admission.on_job(obj)
+            self.wake()
+            return
+        if not uid:
             return
         message = None if deleted else suspended_by_kueue(obj)
         if message != self.suspended.get(uid):
