@@ -328,9 +328,9 @@ def _tally_violations(scheduler: Scheduler) -> list[str]:
     out = [] if kept == counted else [f"admitted tallies {kept} are not the admitted tasks' {counted}"]
     waits: dict[tuple[str, str], int] = {}
     for key, (reason, _, _) in scheduler.reasons.items():
-        entry = scheduler.ledger.get(key)  # a nominated preemptor says Preempting
-        task = scheduler.pending.get(key) or (entry.task if entry is not None else None)
-        where = (task.queue if task is not None else "?", str(reason))
+        placed = scheduler.ledger.get(key)  # a nominated preemptor says Preempting
+        waiting = scheduler.pending.get(key) or (placed.task if placed is not None else None)
+        where = (waiting.queue if waiting is not None else "?", str(reason))
         waits[where] = waits.get(where, 0) + 1
     refused: dict[str, int] = {}
     for filters in scheduler.filters.values():

@@ -18,6 +18,7 @@ in :mod:`gputask.core.preemption`. The scheduler ties them together in :meth:`Sc
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -114,6 +115,10 @@ class Fail:
 
 
 Decision = Admit | Pending | Evict | Fail
+
+MERGE_ADDED = 1000
+"""With cohorts, an incremental cycle orders what it emits from the keys of the tasks added since the last walk
+(:meth:`Scheduler._merge_keys`); beyond this many, the walk decides (and starts the count over)."""
 
 TRACKED_POSITIONS = 100
 """Queue positions are reported as they change for this many heads of each queue; further back,
@@ -694,22 +699,28 @@ class Scheduler:
 
     def _merge_keys(self, emitted: list[Pending], new: list[Task]) -> dict[TaskKey, tuple[object, ...]] | None:
         """Sort keys that put ``emitted`` in :meth:`_merged`'s order while nothing changes its queues' keys (between
-        cycles that admit nothing); None when one cannot be told (the walk then decides).
+        cycles that admit nothing); None when one cannot be told, or when more than :data:`MERGE_ADDED` tasks came
+        since the last walk (the walk then decides: it costs less than this does then).
 
         A merge that always takes the queue head with the lowest key yields the tasks in the order of the largest
         key of their queue up to them (each queue's keys being distinct from every other's; queue order breaks
-        ties within a queue). So a task's sort key is that running maximum, from the one the last walk recorded
-        for the nearest task ahead that it walked and the keys of the tasks added since, ahead of it: O(tasks
-        added since the last walk) per task, not a replay of the merge."""
+        ties within a queue). So a task's sort key is that running maximum: the larger of the one the last walk
+        recorded for the nearest task ahead that it walked and the largest key of the tasks added since that are
+        ahead of it (a binary search in their running maxima), not a replay of the merge."""
         for task in new:
-            self._added.setdefault(task.queue, []).append((order_key(task), self._head_key(task)))
-        added_keys = {ok[2] for entries in self._added.values() for ok, _ in entries}
+            bisect.insort(self._added.setdefault(task.queue, []), (order_key(task), self._head_key(task)))
+        if sum(len(entries) for entries in self._added.values()) > MERGE_ADDED:
+            return None
+        added = {ok[2] for entries in self._added.values() for ok, _ in entries}
+        ahead = {q: list(itertools.accumulate((k for _, k in entries), max)) for q, entries in self._added.items()}
         out: dict[TaskKey, tuple[object, ...]] = {}
         for decision in emitted:
             task = decision.task
-            rank, ok = self.pending.rank(task), order_key(task)
-            keys = [k for o, k in self._added.get(task.queue, ()) if o <= ok]
-            walked = self._walked_ahead(task.queue, rank, added_keys)
+            rank, entries = self.pending.rank(task), self._added.get(task.queue, [])
+            keys = []
+            if (at := bisect.bisect_right(entries, (order_key(task), (True, float("inf"), order_key(task))))) > 0:
+                keys.append(ahead[task.queue][at - 1])
+            walked = self._walked_ahead(task.queue, rank, added, len(entries))
             if walked is not None:
                 if walked not in self._running_max:
                     return None
@@ -717,10 +728,10 @@ class Scheduler:
             out[task.key] = (max(keys), rank)
         return out
 
-    def _walked_ahead(self, queue: str, rank: int, added: set[str]) -> TaskKey | None:
-        """The nearest task at or ahead of ``rank`` in ``queue`` that the last walk saw (not added since); None when
-        there is none."""
-        for earlier in reversed(self.pending.in_queue(queue, max(0, rank - len(added)), rank + 1)):
+    def _walked_ahead(self, queue: str, rank: int, added: set[str], in_queue: int) -> TaskKey | None:
+        """The nearest task at or ahead of ``rank`` in ``queue`` that the last walk saw (not one of the ``in_queue``
+        tasks of ``added`` there); None when there is none."""
+        for earlier in reversed(self.pending.in_queue(queue, max(0, rank - in_queue), rank + 1)):
             if earlier.key not in added:
                 return earlier.key
         return None
