@@ -17,8 +17,10 @@ Reports: the API's accept rate (creates / time from the first create sent to the
 operator's Jobs/s (Jobs / time from the first create sent to the last Job seen), their ratio, the
 admission latency (a task's create answered to its Job seen) p50 and p99, and the CPU seconds each process
 used during the burst; for the operator also its CPU milliseconds per task (user and system seconds) and
-context switches per task, and the machine's 1-minute load average before and after (other work on the
-machine moves every rate). Everything shares this machine's cores, so CPU figures say who spends what.
+context switches per task, the share of a core it uses once nothing changes any more
+(``operatorIdleCpuShare``, over 5 s: its loop with the backlog waiting), and the machine's 1-minute load
+average before and after (other work on the machine moves every rate). Everything shares this machine's
+cores, so CPU figures say who spends what.
 """
 
 from __future__ import annotations
@@ -367,8 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=30)
+        settle(emulator.pid)  # the operator's writes done
+        before, idle_s = cpu_seconds(operator.pid), 5.0
+        time.sleep(idle_s)  # nothing changes now: what the operator costs with the backlog and the burst waiting
+        figures["operatorIdleCpuShare"] = round((cpu_seconds(operator.pid) - before) / idle_s, 3)
         if args.restart:
-            settle(emulator.pid)  # the operator's writes done (its loop still walks the backlog every cycle)
             operator.terminate()
             operator.wait(timeout=30)
             started = time.monotonic()

@@ -14,7 +14,7 @@ import datetime
 import random
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,12 +164,17 @@ class Store:
     _by_res: dict[resource, dict[Key, None]] = field(default_factory=dict)  # every stored key, by resource
     _owned: dict[str, set[Key]] = field(default_factory=dict)  # owner uid -> live dependents naming it
     _uids: dict[str, Key] = field(default_factory=dict)  # uid -> key of the live object
+    _live: dict[resource, dict[Key, None]] = field(default_factory=dict)  # live keys, by resource (a LIST's page)
 
     def live(self, key: Key) -> Obj | None:
         """The current state of an object, or None; never mutate it (writes store new dicts)."""
         if key in self.objects and not (obj := self.objects[key]).deleted:
             return obj.last.raw
         return None
+
+    def live_keys(self, res: resource) -> Iterable[Key]:
+        """The keys of the live objects of a resource, in no order (a read-only view)."""
+        return self._live.get(res, {}).keys()
 
     def items(self, res: resource, namespace: str | None = None) -> list[tuple[Key, Obj]]:
         """Live objects of a resource (in a namespace, or all), sorted by namespace and name."""
@@ -359,7 +364,9 @@ class Store:
                 self._owned.get(str(owner), set()).discard(key)
             if uid and self._uids.get(uid) == key:
                 del self._uids[uid]
+            self._live.get(key[0], {}).pop(key, None)
             return
+        self._live.setdefault(key[0], {})[key] = None
         if uid:
             self._uids[uid] = key
         for ref in meta.get("ownerReferences") or []:
