@@ -154,7 +154,9 @@ class _WouldChange(Exception):
 class Scheduler:
     """Ties the ledger, node health, queues and quota together; decides in :meth:`cycle`.
 
-    Deterministic: the same calls in the same order give the same decisions.
+    Deterministic: the same calls in the same order give the same decisions, whether a cycle is skipped, tried
+    incrementally or walks every pending task (``incremental=False`` always walks; :attr:`stats` says what the
+    last cycle did). ``waiting_by_reason`` and ``waiting_by_filter`` count the waits said, as they change.
     """
 
     def __init__(
