@@ -12,6 +12,7 @@ controllers, no RBAC).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import copy
 import dataclasses
@@ -302,23 +303,22 @@ class GpuTaskEmulator(KubernetesEmulator):
         res, info = self._resolve(request)
         matches = self._matcher(request, res)
         namespace, after = request.namespace, request.params.get("continue", "")  # tokens are "namespace/name"
-        after_key = tuple(after.split("/", 1)) if after else ("",)
-        keys = sorted((k for k in self.store.live_keys(res) if namespace in (None, k[1]) and _by_name(k) > after_key),
-                      key=_by_name)  # a page reads only the objects it serves (one of 24 read all 12,000 before)
+        keys = self.store.live_keys(res)  # by namespace and name: a page reads only the objects it serves
+        at = bisect.bisect_right(keys, tuple(after.split("/", 1)), key=_by_name) if after else 0
         limit = int(request.params["limit"]) if request.params.get("limit", "").isdigit() else 0
         items: list[tuple[Key, Obj]] = []
-        at = 0
         while at < len(keys) and (limit <= 0 or len(items) < limit):
-            if (obj := self.store.live(keys[at])) is not None and matches(obj):
-                items.append((keys[at], obj))
+            key = keys[at]
+            if namespace in (None, key[1]) and (obj := self.store.live(key)) is not None and matches(obj):
+                items.append((key, obj))
             at += 1
         meta: Obj = {"resourceVersion": str(self.store.rv)}
-        rest = (obj for k in itertools.islice(keys, at, None) if (obj := self.store.live(k)) is not None)
+        rest = (o for k in itertools.islice(keys, at, None) if namespace in (None, k[1]) and (o := self.store.live(k)))
         if 0 < limit == len(items) and any(matches(obj) for obj in rest):
             last = items[-1][0]
             meta["continue"] = f"{last[1] or ''}/{last[2]}"
-            if not (request.params.get("labelSelector") or request.params.get("fieldSelector")):
-                meta["remainingItemCount"] = len(keys) - at  # the API server counts it only without selectors
+            if not (request.params.get("labelSelector") or request.params.get("fieldSelector")):  # as the API server
+                meta["remainingItemCount"] = sum(namespace in (None, k[1]) for k in itertools.islice(keys, at, None))
         body = {
             "kind": f"{info.kind}List",
             "apiVersion": group_version(res),
