@@ -16,7 +16,11 @@ task's Job appears.
 Reports: the API's accept rate (creates / time from the first create sent to the last answered), the
 operator's Jobs/s (Jobs / time from the first create sent to the last Job seen), their ratio, the
 admission latency (a task's create answered to its Job seen) p50 and p99, and the CPU seconds each process
-used during the burst. Everything shares this machine's cores, so CPU figures say who spends what.
+used during the burst; for the operator also its CPU milliseconds per task (user and system seconds) and
+context switches per task, the share of a core it uses once nothing changes any more
+(``operatorIdleCpuShare``, over 5 s: its loop with the backlog waiting), and the machine's 1-minute load
+average before and after (other work on the machine moves every rate). Everything shares this machine's
+cores, so CPU figures say who spends what.
 """
 
 from __future__ import annotations
@@ -47,8 +51,26 @@ def percentile(values: list[float], pct: float) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (from /proc; children not included)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process ``pid`` so far (from /proc; children not included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary plus involuntary context switches of every thread of process ``pid`` so far."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += sum(int(line.split()[1]) for line in lines if "ctxt_switches:" in line)
+    return total
 
 
 def serve_emulator(port: int, kubeconfig: Path) -> None:
@@ -167,34 +189,41 @@ def task_body(name: str) -> dict[str, Any]:
 
 
 def watch_jobs(api: Any, seen: dict[str, float], stop: threading.Event) -> None:
-    """Record when each task's Job is first seen (a watch on Jobs in default), until ``stop``."""
+    """Record when each task's Job is first seen (a watch on Jobs in default), until ``stop``. Events are read as
+    plain JSON (no model classes): the driver shares the machine with what it measures."""
     from kubernetes import client as k8s
-    from kubernetes import watch
-    from kubernetes.client.exceptions import ApiException
+    from kubernetes.watch.watch import iter_resp_lines
 
     batch = k8s.BatchV1Api(api)
-    version = batch.list_namespaced_job("default").metadata.resource_version
+
+    def note(job: dict[str, Any]) -> None:
+        name = ((job.get("metadata") or {}).get("labels") or {}).get("gputask.io/task", "")
+        if name and name not in seen:
+            seen[name] = time.monotonic()
+
+    version = ""
     while not stop.is_set():
-        stream = watch.Watch()
+        if not version:  # first, or after 410 (the watch fell behind the server's event log): list again
+            listed = json.loads(batch.list_namespaced_job("default", _preload_content=False).data)
+            version = listed["metadata"]["resourceVersion"]
+            for job in listed.get("items") or []:
+                note(job)
+        response = batch.list_namespaced_job("default", watch=True, resource_version=version, timeout_seconds=2,
+                                             _preload_content=False, _request_timeout=5)
         try:
-            for event in stream.stream(batch.list_namespaced_job, "default", resource_version=version,
-                                       timeout_seconds=2, _request_timeout=5):
-                obj = event["object"]
-                version = obj.metadata.resource_version
-                name = (obj.metadata.labels or {}).get("gputask.io/task", "")
-                if event["type"] == "ADDED" and name and name not in seen:
-                    seen[name] = time.monotonic()
+            for line in iter_resp_lines(response):
+                event = json.loads(line) if line else {}
+                if event.get("type") == "ERROR":
+                    version = ""
+                    break
+                if event.get("object"):
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] == "ADDED":
+                        note(event["object"])
                 if stop.is_set():
-                    stream.stop()
-        except ApiException as exc:  # 410: the watch fell behind the server's event log; list again
-            if exc.status != 410:
-                raise
-            listed = batch.list_namespaced_job("default")
-            version = listed.metadata.resource_version
-            for job in listed.items:
-                name = (job.metadata.labels or {}).get("gputask.io/task", "")
-                if name and name not in seen:
-                    seen[name] = time.monotonic()
+                    break
+        finally:
+            response.release_conn()
 
 
 def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[str, Any]:
@@ -281,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backlog", type=int, default=0, help="waiting tasks created first (a queue with no quota)")
     parser.add_argument("--restart", action="store_true", help="then restart the operator and time a new admission")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy both processes into this folder")
+    parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # the emulator process
     parser.add_argument("--kubeconfig", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -319,19 +349,31 @@ def main(argv: list[str] | None = None) -> int:
             for name, proc in (("emulator", emulator), ("operator", operator)):
                 spies.append(subprocess.Popen(
                     [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format",
-                     "raw", "--output", str(args.profile / f"{name}.txt"), "--rate", "100", "--gil"],
+                     "raw", "--output", str(args.profile / f"{name}.txt"), "--rate", str(args.profile_rate), "--gil"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(1.0)
         cpu = {"emulator": cpu_seconds(emulator.pid), "operator": cpu_seconds(operator.pid),
                "driver": time.process_time()}
+        split, switches = cpu_split(operator.pid), context_switches(operator.pid)
+        load_before = os.getloadavg()[0]
         figures = burst(kubeconfig, args.tasks, args.clients, args.timeout)
+        figures["loadAverage1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
         used = {"emulator": cpu_seconds(emulator.pid) - cpu["emulator"],
                 "operator": cpu_seconds(operator.pid) - cpu["operator"], "driver": time.process_time() - cpu["driver"]}
+        after = cpu_split(operator.pid)
+        figures["operator"] = {
+            "cpuMsPerTask": round(1000 * used["operator"] / args.tasks, 2),
+            "userSeconds": round(after[0] - split[0], 1), "systemSeconds": round(after[1] - split[1], 1),
+            "contextSwitchesPerTask": round((context_switches(operator.pid) - switches) / args.tasks, 1),
+        }
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=30)
+        settle(emulator.pid)  # the operator's writes done
+        before, idle_s = cpu_seconds(operator.pid), 5.0
+        time.sleep(idle_s)  # nothing changes now: what the operator costs with the backlog and the burst waiting
+        figures["operatorIdleCpuShare"] = round((cpu_seconds(operator.pid) - before) / idle_s, 3)
         if args.restart:
-            settle(emulator.pid)  # the operator's writes done (its loop still walks the backlog every cycle)
             operator.terminate()
             operator.wait(timeout=30)
             started = time.monotonic()

@@ -10,7 +10,8 @@ Two measurements, each in this one process (no pool), written to ``bench/results
    product) in four GPUClusterQueues of one cohort with nominal quotas, scheduled by the full
    ``Scheduler.cycle`` (queue order, quota, placement, preemption planning when nothing fits)
    until a cycle admits nothing more; admissions per second over the cycles' wall time. Then what a later
-   cycle costs with that backlog: with nothing new, and with 100 new tasks (``laterCycleMs``).
+   cycle costs with 50,000 tasks waiting (``laterCycleMs``, :func:`later_cycles`): with nothing new and with
+   100 new tasks, walking every pending task as before and as the scheduler does now (skipped, incremental).
 3. **syntheticFlavors**: part 2 with the quota split into one ResourceFlavor per product (the default
    policy only): what trying a task in each flavor in turn costs.
 
@@ -158,14 +159,8 @@ def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7, *, flavo
         print(f"speed: {what} cycle {len(cycles)}: {new} admitted in {elapsed:.2f} s", file=sys.stderr)
         if not new or len(cycles) >= 5:
             break
-    started = time.perf_counter()
-    scheduler.cycle(float(len(cycles) + 1))  # nothing changed: what a later cycle costs with this backlog
-    quiet_s = time.perf_counter() - started
-    for i in range(tasks, tasks + 100):
-        scheduler.submit(synthetic_task(i, rng, queues))
-    started = time.perf_counter()
-    scheduler.cycle(float(len(cycles) + 2))  # 100 new tasks behind the backlog
-    hundred_s = time.perf_counter() - started
+    still = len(scheduler.pending)
+    later = later_cycles(scheduler, rng, queues, tasks, float(len(cycles)))
     return {
         "nodes": nodes,
         "gpus": gpus,
@@ -174,14 +169,43 @@ def synthetic_speed(nodes: int, tasks: int, policy: str, seed: int = 7, *, flavo
         "queues": len(queues),
         "flavors": len(names) if flavors else 0,
         "admitted": admitted,
-        "stillPending": len(scheduler.pending),
+        "stillPending": still,
         "cycles": cycles,
         "seconds": round(cycle_seconds, 3),
         "placementsPerSecond": round(admitted / cycle_seconds, 1),
         "decisionsPerSecond": round(sum(c["decisions"] for c in cycles) / cycle_seconds, 1),
-        "laterCycleMs": {"nothingNew": round(1000 * quiet_s, 1), "hundredNewTasks": round(1000 * hundred_s, 1)},
+        "laterCycleMs": later,
         "peakRssMiB": round(peak_rss_mib(), 1),
     }
+
+
+def later_cycles(
+    scheduler: Scheduler, rng: random.Random, queues: list[str], pending: int, now: float
+) -> dict[str, Any]:
+    """What a later cycle costs with ``pending`` tasks waiting on the full cluster: the backlog topped up to
+    ``pending`` with more tasks like the others and one cycle to settle it; then, walking every pending task each
+    cycle (``incremental=False``, the way before) and as the scheduler does now, a cycle with nothing new and one
+    with 100 new tasks: milliseconds, and how each went (skipped, incremental or full) with the tasks it tried."""
+    n = 10**6
+    while len(scheduler.pending) < pending:
+        scheduler.submit(synthetic_task(n, rng, queues))
+        n += 1
+    scheduler.cycle(now + 1)
+    out: dict[str, Any] = {"pending": len(scheduler.pending), "admittedBeforehand": len(scheduler.running)}
+    for name, incremental in (("walk", False), ("now", True)):
+        scheduler.incremental = incremental
+        figures: dict[str, Any] = {}
+        for label, new in (("nothingNew", 0), ("hundredNewTasks", 100)):
+            for _ in range(new):
+                scheduler.submit(synthetic_task(n, rng, queues))
+                n += 1
+            now += 1
+            started = time.perf_counter()
+            scheduler.cycle(now)
+            figures[label] = round(1000 * (time.perf_counter() - started), 1)
+            figures[label + "Cycle"] = f"{scheduler.stats.mode}, {scheduler.stats.tried} tried"
+        out[name] = figures
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ Shape (YAML)::
     leaseRenewDeadline: 10s         # the leader steps down when it could not renew for this long
     leaseRenewInterval: 2s          # how often the leader renews, and a standby tries, the Lease
     podStartTimeout: 120s           # an admitted task without a running pod this long is evicted (PodsNotStarting)
-    apiConcurrency: 16              # API calls in flight at once (threads and connections; the Lease has its own)
+    apiConcurrency: 64              # API requests in flight at once (the Lease has its own connections)
     queuePositionsTracked: 100      # Pending tasks per queue whose status.queuePosition is kept up to date
     fairSharing:
       preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]  # Kueue's, tried in order
@@ -124,7 +124,7 @@ class Config(BaseModel):
     lease_renew_deadline_s: Duration = Field(10.0, alias="leaseRenewDeadline", gt=0)
     lease_renew_s: Duration = Field(2.0, alias="leaseRenewInterval", gt=0)
     pod_start_timeout_s: Duration = Field(120.0, alias="podStartTimeout", gt=0)
-    api_concurrency: StrictInt = Field(16, alias="apiConcurrency", ge=1, le=256)
+    api_concurrency: StrictInt = Field(64, alias="apiConcurrency", ge=1, le=256)
     queue_positions_tracked: StrictInt = Field(100, alias="queuePositionsTracked", ge=0, le=100_000)
     fair_sharing: FairSharingConfig = Field(default_factory=FairSharingConfig, alias="fairSharing")
     memory_budget: MemoryBudgetConfig = Field(default_factory=MemoryBudgetConfig, alias="memoryBudget")

@@ -65,10 +65,6 @@ def connect(kubeconfig: str | None, context: str | None) -> KubeClient:
     except Exception as exc:  # kubernetes.config raises several types for a missing or broken kubeconfig
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LiveError(f"cannot load the Kubernetes configuration: {first}") from None
-    if not api.configuration.verify_ssl:  # insecure-skip-tls-verify is the kubeconfig's choice: no warning per call
-        import urllib3
-
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     return KubeClient(api, workers=4, field_manager="gputask-cli", timeout_s=15.0)
 
 

@@ -182,9 +182,10 @@ class OperatorMetrics:
                 self.over_budget.labels(namespace, name, o.node, str(o.index)).set(o.over_mib * MIB)
 
     def refresh(self, scheduler: Scheduler, *, waiting: bool = True) -> None:
-        """Set the gauges from the scheduler's state (after a cycle). ``waiting`` False skips the series that read
-        every waiting task's reason (refused per filter, pending active and inadmissible), which the loop sets at
-        most once a second; the rest costs in proportion to queues and to the nodes that changed."""
+        """Set the gauges from the scheduler's state (after a cycle). ``waiting`` False skips the waiting series
+        (refused per filter, pending active and inadmissible) and the fragmentation ratio, which reads every GPU:
+        the loop sets those at most once a second. The waiting series read the scheduler's counts of the waits it
+        said; everything costs in proportion to queues, filters and the nodes that changed, not to tasks."""
         if waiting:
             self._refresh_waiting(scheduler)
         else:
@@ -224,19 +225,13 @@ class OperatorMetrics:
             self.fragmentation.set(fragmentation_ratio(scheduler))
 
     def _refresh_waiting(self, scheduler: Scheduler) -> None:
-        counts = dict.fromkeys((f.value for f in Filter), 0)
-        for filters in scheduler.filters.values():
-            for name, _nodes in filters:
-                counts[name] = counts.get(name, 0) + 1
+        """From the scheduler's counts of the waits it said (kept as they change): O(queues and filters)."""
+        counts = {**dict.fromkeys((f.value for f in Filter), 0), **scheduler.waiting_by_filter}
         for name, count in counts.items():
             self.by_filter.labels(name).set(count)
-        inadmissible: dict[str, int] = {}
-        pending = scheduler.pending
-        for key, (reason, _, _) in scheduler.reasons.items():
-            task = pending.get(key) if reason == "Inadmissible" else None
-            if task is not None:
-                inadmissible[task.queue] = inadmissible.get(task.queue, 0) + 1
-        self._inadmissible = inadmissible
+        self._inadmissible = {
+            queue: count for (queue, reason), count in scheduler.waiting_by_reason.items() if reason == "Inadmissible"
+        }
 
     def _refresh_nodes(self, scheduler: Scheduler) -> None:
         """Per-node and per-GPU memory gauges of the nodes that changed since the last refresh (by the node

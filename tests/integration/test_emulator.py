@@ -300,6 +300,27 @@ async def test_lists_carry_kind_api_version_and_resource_version(server: Emulato
     assert (jobs["kind"], jobs["apiVersion"], jobs["items"]) == ("JobList", "batch/v1", [])
 
 
+async def test_a_paged_list_of_a_namespace_serves_its_objects_in_name_order_and_counts_what_is_left(
+    server: EmulatorServer, api: aiohttp.ClientSession
+) -> None:
+    """Pages of a namespace's list come in name order from the continue token on, with no object of another
+    namespace; remainingItemCount counts that namespace's objects still to come (and is left out with a label
+    selector, as the API server does); a deleted object is not served."""
+    server.emulator.install_crd(widget_crd())
+    for namespace, name in (("a", "w3"), ("b", "w0"), ("a", "w1"), ("a", "w2"), ("b", "w4"), ("a", "w5")):
+        await make(api, f"/apis/{GROUP}/v1/namespaces/{namespace}/widgets", name, metadata={"labels": {"x": "y"}})
+    await call(api, "DELETE", f"/apis/{GROUP}/v1/namespaces/a/widgets/w2")
+    path, pages, token = f"/apis/{GROUP}/v1/namespaces/a/widgets", [], None
+    while True:
+        _, page = await call(api, "GET", path, limit="2", **({"continue": token} if token else {}))
+        pages.append(([w["metadata"]["name"] for w in page["items"]], page["metadata"].get("remainingItemCount")))
+        token = page["metadata"].get("continue")
+        if not token:
+            break
+    _, selected = await call(api, "GET", path, limit="1", labelSelector="x=y")
+    assert (pages, "remainingItemCount" in selected["metadata"]) == ([(["w1", "w3"], 1), (["w5"], None)], False)
+
+
 @pytest.mark.parametrize(("group_version", "plural", "kind", "namespaced"), [
     ("v1", "namespaces", "Namespace", False), ("v1", "nodes", "Node", False), ("v1", "pods", "Pod", True),
     ("v1", "events", "Event", True), ("v1", "configmaps", "ConfigMap", True), ("batch/v1", "jobs", "Job", True),

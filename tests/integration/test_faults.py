@@ -301,3 +301,26 @@ async def test_events_that_arrive_while_a_new_leader_lists_are_fed_after_its_reb
         stop.set()
         await asyncio.wait_for(running, timeout=15)
         await operator.client.close()
+
+
+async def test_a_gap_in_the_task_watch_is_closed_by_listing_again(cluster: Cluster) -> None:
+    """The GPUTask watch breaks and cannot resume (410 after compaction): the operator lists GPUTasks again,
+    forgets the task deleted meanwhile and admits the one created meanwhile; no GPU is booked twice."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster) as op:
+        await cluster.submit(gputask("gone", gpuMemory="4Gi"))
+        assert await eventually(lambda: job_exists(cluster, "gone-1"))
+        emulator = cluster.server.emulator
+        emulator.inject("GET", "v1alpha1/gputasks", 500, times=2)  # the watch cannot reopen for about 3 s
+        emulator.close_watches()
+        await cluster.client.delete(GPUTASKS, "gone", "default")
+        await cluster.submit(gputask("new", gpuMemory="4Gi"))
+        emulator.compact()
+
+        async def settled() -> bool:
+            jobs = {j["metadata"]["name"] for j in await cluster.client.list(JOBS, "default")}
+            return jobs == {"new-1"} and sorted(op.controller.tasks) == ["default/new"]
+
+        assert await eventually(settled, timeout_s=30)
+        assert (op.informers["tasks"].relists, op.controller.scheduler.violations()) == (1, [])

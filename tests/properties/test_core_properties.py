@@ -28,6 +28,7 @@ from gputask.core import (
     TaskKey,
     make_policy,
 )
+from gputask.core.ledger import group_of
 
 GIB = 1024  # MiB
 GPU_SIZES_MIB = (8 * GIB, 16 * GIB, 24 * GIB, 80 * GIB)
@@ -272,6 +273,24 @@ def placement_problems(s: Scheduler) -> list[str]:
     return problems
 
 
+def tally_problems(s: Scheduler) -> list[str]:
+    """The ledger's tallies and the queue's pending counts unlike those recomputed from every task."""
+    tallies: dict[tuple[object, ...], list[Any]] = {}
+    for entries, running in ((s.running.values(), 1), (s.nominated.values(), 0)):
+        for entry in entries:
+            tally = tallies.setdefault(group_of(entry.task), [0, 0, {}])
+            tally[0 if running else 1] += 1
+            for key, amount in entry.usage.items():
+                tally[2][key] = tally[2].get(key, 0) + amount
+    kept = {g: [t.running, t.nominated, {k: v for k, v in t.usage.items() if v}] for g, t in s.ledger.tallies.items()}
+    pending: dict[tuple[str, str, str | None], int] = {}
+    for task in s.pending:
+        group = (task.queue, task.namespace, task.local_queue)
+        pending[group] = pending.get(group, 0) + 1
+    problems = [] if kept == tallies else [f"tallies {kept} != {tallies}"]
+    return problems + ([] if pending == s.pending.count_by_group() else [f"pending groups {pending}"])
+
+
 def checker(find: Callable[[Scheduler], list[str]]) -> Callable[[Run], None]:
     """A step check that fails with the problems ``find`` reports."""
 
@@ -286,6 +305,14 @@ def checker(find: Callable[[Scheduler], list[str]]) -> Callable[[Run], None]:
 def test_no_gpu_ever_holds_more_mib_than_it_has(scenario: Scenario) -> None:
     """After every step, each GPU's reserved MiB equals its running placements and fits its memory."""
     simulate(scenario, checker(capacity_problems))
+
+
+@PROPERTY
+@given(scenarios)
+def test_queue_report_tallies_always_equal_a_count_of_every_task(scenario: Scenario) -> None:
+    """After every step, admitted tasks and their charges per queue, namespace, local queue and flavor, and
+    pending tasks per queue, namespace and local queue, as kept, equal a count over every task."""
+    simulate(scenario, checker(tally_problems))
 
 
 @PROPERTY

@@ -333,6 +333,43 @@ async def test_kueue_mode_placements_are_in_the_ledger_violations_and_metrics() 
     assert scheduler.violations() == ["node-a GPU 0: 40960 MiB reserved > 24576 MiB"]
 
 
+async def test_a_kueue_mode_pass_looks_at_what_events_touched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In Kueue mode a pass with no event since looks at no task and no Workload; a Workload changed (its check
+    Pending again after a Retry) is the one answered, and a task changed the one whose Job is looked at."""
+    parts = Parts(Config(cycleInterval=0.2, queueing="kueue"))
+    admission = KueueAdmission(parts.client, parts.controller, parts.executor, asyncio.Lock())
+    parts.client.put(
+        ADMISSIONCHECKS, {"metadata": {"name": "gputask-placement"}, "spec": {"controllerName": "gputask.io/placement"}}
+    )
+    for name in ("a", "b", "c"):
+        parts.submit(name, gpuMemory="20Gi")
+    await admission.sync()  # after the rebuild, everything: each task gets its suspended Job
+    for job in parts.client.all(JOBS, "ns"):
+        parts.controller.on_job(job)
+        admission.on_job(job)
+    for name in ("a", "b", "c"):
+        admission.on_workload(parts.client.put(WORKLOADS, _workload(name), "ns"))
+    await admission.sync()
+    looked: list[str] = []
+    for method in ("_ensure_job", "_answer"):
+        real = getattr(KueueAdmission, method)
+
+        async def counted(self: KueueAdmission, subject: Any, *args: Any, _real: Any = real, _name: str = method
+                          ) -> Any:
+            looked.append(f"{_name} {getattr(subject, 'key', subject)}")
+            return await _real(self, subject, *args)
+
+        monkeypatch.setattr(KueueAdmission, method, counted)
+    await admission.sync()
+    quiet = list(looked)
+    retried = parts.client.all(WORKLOADS, "ns")[1]  # b: Kueue requeued it and asks again
+    retried["status"]["admissionChecks"][0]["state"] = "Pending"
+    admission.on_workload(retried)
+    admission.note_task(TaskKey("ns/c"))
+    await admission.sync()
+    assert (quiet, looked) == ([], ["_ensure_job ns/c", "_answer ns/job-b-1"])
+
+
 def _workload(name: str) -> dict[str, Any]:
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-1", "uid": "u", "controller": True}
     check = {"name": "gputask-placement", "state": "Pending", "message": "", "lastTransitionTime": _now()}
@@ -454,4 +491,99 @@ async def test_dra_mode_makes_the_template_before_the_job_and_deletes_it_with_th
         [("create", "resourceclaimtemplates", "u-1"), ("create", "jobs", "u-1"),
          ("delete", "resourceclaimtemplates", "u-1")],
         [],
+    )
+
+
+def test_heartbeats_turn_stale_and_fresh_as_time_passes_and_only_due_nodes_are_looked_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPUNode's heartbeat goes stale once older than heartbeatStaleAfter and one from the future turns fresh
+    once within the clock skew, with no event; a check before either moment reads no GPUNode at all."""
+    from gputask.k8s import inventory as inventory_module
+
+    parts = Parts(Config(heartbeatStaleAfter=120))
+    inventory, start = parts.controller.inventory, time.time()
+    beat = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+    future = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start + 3600))
+    for name, when in (("node-a", beat), ("node-b", future)):
+        status = {"gpus": [{**GPU0, "uuid": f"GPU-{name}"}], "heartbeatTime": when}
+        inventory.on_gpunode({"metadata": {"name": name}, "status": status}, start)
+    read: list[str] = []
+    real = inventory_module.Inventory._heartbeat
+
+    def counted(self: Any, status: Any, now: float) -> Any:
+        read.append(str(status.get("heartbeatTime")))
+        return real(self, status, now)
+
+    monkeypatch.setattr(inventory_module.Inventory, "_heartbeat", counted)
+    seen = []
+    for at in (start + 60, start + 125, start + 3600 - 50):
+        inventory.check_heartbeats(at)
+        seen.append((sorted(inventory.stale), len(read)))
+    assert seen == [(["node-b"], 0), (["node-a", "node-b"], 2), (["node-a"], 4)]
+
+
+def test_the_tasks_of_a_namespace_are_known_without_a_pass_over_every_task() -> None:
+    """The controller keeps task keys by namespace as tasks come and go: a namespace's event (its labels decide
+    whether Kueue manages its Jobs) makes only those due for the Kueue check."""
+    parts = Parts()
+    for name in ("a", "b"):
+        parts.submit(name)
+    other = parts.client.put(GPUTASKS, {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUTask",
+                                        "metadata": {"name": "c", "namespace": "ml"}, "spec": {}}, "ml")
+    parts.controller.on_task(other)
+    parts.controller.on_task_deleted(parts.client.all(GPUTASKS, "ns")[0])
+    assert parts.controller.in_namespace == {"ns": {TaskKey("ns/b")}, "ml": {TaskKey("ml/c")}}
+
+
+class Counted(dict):  # type: ignore[type-arg]  # a dict that counts passes over it
+    """A dict that counts how often something walks its keys, values or items."""
+
+    walks = 0
+
+    def __iter__(self) -> Any:
+        Counted.walks += 1
+        return super().__iter__()
+
+    def values(self) -> Any:
+        Counted.walks += 1
+        return super().values()
+
+    def items(self) -> Any:
+        Counted.walks += 1
+        return super().items()
+
+
+async def test_a_loop_pass_costs_what_changed_not_the_number_of_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 300 tasks waiting behind one running, a loop pass with nothing new tries no task and walks neither the
+    task records, the pending queue nor the running tasks (queue statuses, finalizers, metrics, heartbeats
+    included); a pass with one new task tries that one."""
+    from gputask.core.queues import QueueManager
+
+    parts = Parts()
+    parts.submit("running", gpuMemory="24Gi")
+    for i in range(300):
+        parts.submit(f"w{i:03d}", gpuMemory="24Gi")
+    for _ in range(3):
+        await parts.loop.run_once()
+    walks = {"pending": 0}
+    real_iter = QueueManager.__iter__
+
+    def counted_iter(self: QueueManager) -> Any:
+        walks["pending"] += 1
+        return real_iter(self)
+
+    monkeypatch.setattr(QueueManager, "__iter__", counted_iter)
+    controller, scheduler = parts.controller, parts.controller.scheduler
+    controller.tasks = Counted(controller.tasks)
+    scheduler.ledger.running = Counted(scheduler.ledger.running)
+    Counted.walks = 0
+    parts.loop._metrics_at = float("-inf")  # the once-a-second gauges too
+    await parts.loop.run_once()
+    quiet = (scheduler.stats.mode, scheduler.stats.tried, walks["pending"], Counted.walks)
+    parts.submit("late", gpuMemory="24Gi")
+    parts.loop._metrics_at = float("-inf")
+    await parts.loop.run_once()
+    assert (quiet, (scheduler.stats.mode, scheduler.stats.tried, walks["pending"], Counted.walks)) == (
+        ("skipped", 0, 0, 0), ("incremental", 1, 0, 0)
     )

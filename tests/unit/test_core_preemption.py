@@ -320,7 +320,8 @@ def test_a_victim_of_another_queue_is_taken_only_while_its_queue_still_borrows()
 
 def test_a_failed_preemption_is_not_planned_again_until_something_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planning is the costly part of a cycle: a shape and priority that found no plan is not planned
-    again while reservations, nodes, queues and the policy are unchanged; any change plans again."""
+    again while reservations, nodes, queues and the policy are unchanged (a node reported again as it was
+    is no change); any change plans again."""
     s = Scheduler(nodes=[node("a", 24)])
     s.set_queue(cq(gpus=4, within="LowerPriority"))
     running(s, whole("same", 5))
@@ -340,8 +341,10 @@ def test_a_failed_preemption_is_not_planned_again_until_something_changes(monkey
     s.set_queue(cq(gpus=4, within="LowerPriority"))  # the queue was set again: plan again
     s.cycle(3.0)
     s.cycle(4.0)
-    s.set_node(node("a", 24))  # the node was reported again: plan again
+    s.set_node(node("a", 24))  # the node was reported again as it was (a heartbeat): nothing changed
     s.cycle(5.0)
+    s.set_node(node("a", 32))  # the node changed: plan again
+    s.cycle(6.0)
     assert plans == ["ns/waiting"] * 3
 
 

@@ -22,6 +22,7 @@ from gputask.core import (
     Task,
     TaskKey,
 )
+from gputask.core.scheduler import CycleStats
 
 GIB = 1024  # MiB
 
@@ -527,3 +528,24 @@ def test_a_queue_read_from_a_manifest_fails_closed() -> None:
             "in spec.resources or spec.resourceGroups",
         ),
     ]
+
+
+def test_an_unchanged_cycle_is_skipped_and_new_tasks_behind_a_full_node_are_tried_alone() -> None:
+    """With 200 tasks waiting on a full node, a cycle with nothing new tries none; one with two new tasks tries those
+    two (the walk tries all 202): the early one waits at position 0 and the tracked heads behind it move down one."""
+    s = scheduler([node("n", 16)], [queue("q")], [task("holder")])
+    for i in range(200):
+        s.submit(task(f"w{i}", created=1.0 + i))
+    s.cycle(1.0)  # holder admitted: the next cycle walks again (what waits sees less room)
+    s.cycle(1.5)
+    quiet = (s.cycle(2.0), s.stats)
+    s.submit(task("late", created=500.0))
+    s.submit(task("early", created=0.5))
+    new = [(d.task.key, d.position) for d in s.cycle(3.0)]
+    assert (quiet, s.stats, new[:3], new[-1], len(new)) == (
+        ([], CycleStats("skipped", 0, 1)),
+        CycleStats("incremental", 2, 1),
+        [("ns/early", 0), ("ns/w0", 1), ("ns/w1", 2)],
+        ("ns/late", 201),
+        101,  # early, w0-w98 (the first 100 of the queue), late
+    )

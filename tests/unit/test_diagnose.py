@@ -157,5 +157,5 @@ def test_position_changes_are_reported_for_the_tracked_heads_only() -> None:
         s.submit(task(f"w{i}", memory_gib=16, created=1.0 + i))
     first = [(d.task.key, d.position) for d in s.cycle(2.0)]
     assert first == [("ns/w0", 0), ("ns/w1", 1), ("ns/w2", 2), ("ns/w3", 3)]  # new reasons: all reported
-    s.pending.discard(TaskKey("ns/w0"))  # w0 gone (deleted): everyone moves up one
+    s.finish(TaskKey("ns/w0"))  # w0 gone (deleted): everyone moves up one
     assert [(d.task.key, d.position) for d in s.cycle(3.0)] == [("ns/w1", 0), ("ns/w2", 1)]

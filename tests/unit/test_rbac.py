@@ -99,13 +99,13 @@ def test_agent_rules_are_exactly_what_its_code_calls() -> None:
     assert rbac.grants(rbac.AGENT) == package_calls("agent")
 
 
-def test_every_resource_kopf_watches_is_granted_list_and_watch() -> None:
-    """Each resource the operator's kopf registry watches is granted list and watch."""
+def test_every_resource_the_operator_watches_is_granted_list_and_watch() -> None:
+    """Each resource the operator's kopf registry or its own informers watch is granted list and watch."""
     operator = Operator(Config(), KubeClient(k8s_client.ApiClient()))
     watched = {
         (handler.selector.group or "", handler.selector.plural or handler.selector.any_name)
         for handler in operator.registry._watching.get_all_handlers()  # kopf has no public accessor
-    }
+    } | {(informer.resource.group, informer.resource.plural) for informer in operator.informers.values()}
     needed = {Grant(group, plural, verb) for group, plural in watched for verb in ("list", "watch")}
     assert needed - rbac.grants(rbac.OPERATOR) == set()
 

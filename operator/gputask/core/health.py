@@ -36,12 +36,14 @@ class NodeHealth:
     def set_node(self, node: Node) -> list[TaskKey]:
         """Add or update a node; tasks on GPUs now unhealthy or gone are noticed (GPUFailure).
 
-        A node reported NotReady stays unschedulable whatever ``node`` says. Returns the keys noticed.
+        A node reported NotReady stays unschedulable whatever ``node`` says; the same node again leaves its
+        state (and its generation) as it was. Returns the keys noticed.
         """
         if self.is_down(node.name) and node.schedulable:
             node = replace(node, schedulable=False, unschedulable_reason=NOT_READY)
-        self.largest_gpu_mib = max([self.largest_gpu_mib, *(g.memory_mib for g in node.gpus)])
-        self.cluster.set_node(node)
+        if not (self.cluster.has_node(node.name) and self.cluster.node(node.name).node == node):
+            self.largest_gpu_mib = max([self.largest_gpu_mib, *(g.memory_mib for g in node.gpus)])
+            self.cluster.set_node(node)
         lost = tasks_on_bad_gpus(self.cluster.node(node.name))
         self.failures.notify(lost, GPU_FAILURE, f"a GPU of node {node.name} failed or disappeared")
         return lost

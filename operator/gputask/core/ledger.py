@@ -43,8 +43,32 @@ class Entry:
     waiting_for: set[TaskKey] = field(default_factory=set)
 
 
+Group = tuple[str, str, str | None, str]
+"""Admitted tasks alike for queue reports: GPUClusterQueue, namespace, GPULocalQueue (None: named the
+GPUClusterQueue directly), ResourceFlavor (``""``: the queue's implicit one)."""
+
+
+def group_of(task: Task) -> Group:
+    """The :data:`Group` of ``task``."""
+    return (task.queue, task.namespace, task.local_queue, task.flavor)
+
+
+@dataclass(slots=True)
+class Tally:
+    """The admitted tasks of one :data:`Group`: how many run, how many are nominated (waiting for victims),
+    and the quota they are charged, by quota key (milli-GPU, MiB)."""
+
+    running: int = 0
+    nominated: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+
+
 class Ledger:
-    """Running, nominated and held reservations over one cluster state and one quota book."""
+    """Running, nominated and held reservations over one cluster state and one quota book.
+
+    ``tallies`` sums the admitted (running and nominated) tasks per :data:`Group`, kept as they come and go,
+    so queue reports cost O(groups), never O(tasks).
+    """
 
     def __init__(self, cluster: ClusterState, quotas: QuotaBook) -> None:
         self.cluster = cluster
@@ -53,12 +77,25 @@ class Ledger:
         self.nominated: dict[TaskKey, Entry] = {}
         self.held: dict[TaskKey, Placement] = {}
         self.by_queue: dict[str, dict[TaskKey, Entry]] = {}  # ``running`` by the task's queue
+        self.tallies: dict[Group, Tally] = {}
         self.version = 0  # changes with every reservation, release, hold or promotion
 
     def _run(self, entry: Entry) -> None:
         self.version += 1
         self.running[entry.task.key] = entry
         self.by_queue.setdefault(entry.task.queue, {})[entry.task.key] = entry
+        self._count(entry, running=1)
+
+    def _count(self, entry: Entry, *, running: int = 0, nominated: int = 0) -> None:
+        """Add (1) or take away (-1) ``entry`` in its group's tally."""
+        group = group_of(entry.task)
+        tally = self.tallies.setdefault(group, Tally())
+        tally.running += running
+        tally.nominated += nominated
+        for key, amount in entry.usage.items():
+            tally.usage[key] = tally.usage.get(key, 0) + (running + nominated) * amount
+        if not tally.running and not tally.nominated:
+            del self.tallies[group]
 
     def running_in(self, queues: Iterable[str]) -> Iterator[Entry]:
         """The running entries of tasks of ``queues``."""
@@ -83,6 +120,7 @@ class Ledger:
         entry = self._book(task, placement, now, charge=True, force=False)
         entry.waiting_for = set(victims)
         self.nominated[task.key] = entry
+        self._count(entry, nominated=1)
         return entry
 
     def restore(self, task: Task, placement: Placement, admitted_at: float, *, charge: bool = True) -> Entry:
@@ -136,6 +174,7 @@ class Ledger:
     def promote(self, key: TaskKey, now: float) -> Entry:
         """A nominated preemptor whose victims are gone becomes running at ``now``."""
         entry = self.nominated.pop(key)
+        self._count(entry, nominated=-1)
         entry.admitted_at = now
         self._run(entry)
         return entry
@@ -153,7 +192,9 @@ class Ledger:
             del queue[key]
             if not queue:
                 del self.by_queue[entry.task.queue]
-        entry = entry or self.nominated.pop(key, None)
+            self._count(entry, running=-1)
+        elif (entry := self.nominated.pop(key, None)) is not None:
+            self._count(entry, nominated=-1)
         held = self.held.pop(key, None) if entry is None else None
         if entry is None and held is None:
             return None

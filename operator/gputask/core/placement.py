@@ -129,6 +129,8 @@ class Policy(Protocol):
       from the tasks it sees, the cluster's GPU capacity by product);
     - ``generation``: changes whenever the meaning of ``score`` changed (after ``prepare``);
       remembered evaluations of a ``scores_by_state`` policy are then dropped;
+    - ``learns``: ``prepare`` learns from every task it sees (a recent workload), so trying a task
+      again is not a no-op for it: a scheduler then never skips a cycle nor tries new tasks alone;
     - ``reseed(seed)``: start a policy that draws random numbers over from ``seed``;
     - ``set_workload(shapes)``: the target workload a fragmentation policy packs for (trace replay).
     """
@@ -136,6 +138,7 @@ class Policy(Protocol):
     name: str
     stop_at_first: bool
     scores_by_state: bool
+    learns: bool
 
     @property
     def generation(self) -> int:
@@ -172,6 +175,7 @@ class PolicyBase:
 
     stop_at_first: bool = False
     scores_by_state: bool = False
+    learns: bool = False
 
     @property
     def generation(self) -> int:

@@ -275,8 +275,9 @@ def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:
     """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
     pending = scheduler.pending.count_by_queue()
     admitted: dict[str, int] = {}
-    for run in scheduler.running.values():
-        admitted[run.task.queue] = admitted.get(run.task.queue, 0) + 1
+    for (queue, _, _, _), tally in scheduler.ledger.tallies.items():  # O(groups), not O(tasks)
+        if tally.running:
+            admitted[queue] = admitted.get(queue, 0) + tally.running
     quotas = scheduler.quotas
     names = sorted(set(quotas.specs) | set(pending) | set(admitted))
     return {
@@ -323,4 +324,36 @@ def violations(
         pending = scheduler.pending
         both = {k for k in keys if k in pending and (k in scheduler.running or k in scheduler.nominated)}
     out.extend(f"task {key} is both pending and placed" for key in sorted(both))
+    if keys is None:
+        out.extend(_tally_violations(scheduler))
+    return out
+
+
+def _tally_violations(scheduler: Scheduler) -> list[str]:
+    """The ledger's admitted tallies (:class:`~gputask.core.ledger.Tally`) unlike a count over every admitted task."""
+    counted: dict[object, tuple[int, int, dict[str, int]]] = {}
+    for entries, running in ((scheduler.running.values(), 1), (scheduler.nominated.values(), 0)):
+        for entry in entries:
+            task = entry.task
+            group = (task.queue, task.namespace, task.local_queue, task.flavor)
+            runs, nominated, usage = counted.get(group, (0, 0, {}))
+            for key, amount in entry.usage.items():
+                usage[key] = usage.get(key, 0) + amount
+            counted[group] = (runs + running, nominated + 1 - running, usage)
+    kept = {g: (t.running, t.nominated, {k: v for k, v in t.usage.items() if v}) for g, t in
+            scheduler.ledger.tallies.items()}
+    counted = {g: (r, n, {k: v for k, v in u.items() if v}) for g, (r, n, u) in counted.items()}
+    out = [] if kept == counted else [f"admitted tallies {kept} are not the admitted tasks' {counted}"]
+    waits: dict[tuple[str, str], int] = {}
+    for key, (reason, _, _) in scheduler.reasons.items():
+        placed = scheduler.ledger.get(key)  # a nominated preemptor says Preempting
+        waiting = scheduler.pending.get(key) or (placed.task if placed is not None else None)
+        where = (waiting.queue if waiting is not None else "?", str(reason))
+        waits[where] = waits.get(where, 0) + 1
+    refused: dict[str, int] = {}
+    for filters in scheduler.filters.values():
+        for name, _ in filters:
+            refused[name] = refused.get(name, 0) + 1
+    if (waits, refused) != (scheduler.waiting_by_reason, scheduler.waiting_by_filter):
+        out.append(f"wait counts {scheduler.waiting_by_reason} {scheduler.waiting_by_filter} are not {waits} {refused}")
     return out

@@ -18,6 +18,7 @@ in :mod:`gputask.core.preemption`. The scheduler ties them together in :meth:`Sc
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -117,6 +118,10 @@ class Fail:
 
 Decision = Admit | Pending | Evict | Fail
 
+MERGE_ADDED = 1000
+"""With cohorts, an incremental cycle orders what it emits from the keys of the tasks added since the last walk
+(:meth:`Scheduler._merge_keys`); beyond this many, the walk decides (and starts the count over)."""
+
 TRACKED_POSITIONS = 100
 """Queue positions are reported as they change for this many heads of each queue; further back,
 only with a new reason (tens of thousands of pending tasks must not mean as many writes)."""
@@ -132,10 +137,28 @@ class _CycleMemo:
     namespaces: dict[tuple[str, tuple[tuple[str, str], ...]], Wait | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class CycleStats:
+    """What the last :meth:`Scheduler.cycle` did: ``mode`` is ``skipped`` (nothing changed since a cycle that
+    changed nothing, and no deadline passed), ``incremental`` (only new tasks arrived: each tried alone) or
+    ``full`` (every pending task walked in order); ``tried`` counts the pending tasks tried (queue, quota,
+    placement, preemption); ``skipped`` the cycles skipped so far."""
+
+    mode: str = "full"
+    tried: int = 0
+    skipped: int = 0
+
+
+class _WouldChange(Exception):
+    """Raised instead of admitting or preempting while new tasks are only probed (:meth:`Scheduler._incremental`)."""
+
+
 class Scheduler:
     """Ties the ledger, node health, queues and quota together; decides in :meth:`cycle`.
 
-    Deterministic: the same calls in the same order give the same decisions.
+    Deterministic: the same calls in the same order give the same decisions, whether a cycle is skipped, tried
+    incrementally or walks every pending task (``incremental=False`` always walks; :attr:`stats` says what the
+    last cycle did). ``waiting_by_reason`` and ``waiting_by_filter`` count the waits said, as they change.
     """
 
     def __init__(
@@ -147,9 +170,11 @@ class Scheduler:
         preemption_strategies: Sequence[str] = DEFAULT_STRATEGIES,
         tracked_positions: int = TRACKED_POSITIONS,
         memory_budget: MemoryBudget | None = None,
+        incremental: bool = True,
     ) -> None:
         self.policy = policy or make_policy(DEFAULT_POLICY)
         self.memory_budget = memory_budget or MemoryBudget()
+        self.incremental = incremental  # False: every cycle walks every pending task (the way before; benchmarks)
         self.strategies = strategies_of(preemption_strategies)
         self.tracked_positions = tracked_positions  # heads of each queue whose position changes are reported
         self.cluster = ClusterState()
@@ -159,6 +184,10 @@ class Scheduler:
         self.pending = QueueManager()
         self.reasons: dict[TaskKey, tuple[str, str, int]] = {}
         self.filters: dict[TaskKey, tuple[tuple[str, int], ...]] = {}  # waiting tasks: nodes refused per filter
+        # the waits said, counted as they change (metrics read these, not every waiting task):
+        self.waiting_by_reason: dict[tuple[str, str], int] = {}  # (queue, reason) -> waiting tasks
+        self.waiting_by_filter: dict[str, int] = {}  # filter -> waiting tasks some node refused by it
+        self._said_in: dict[TaskKey, tuple[str, str]] = {}  # (queue, reason) each recorded reason is counted under
         self.deferred: dict[TaskKey, tuple[float, str, str]] = {}  # backoff: until (s), reason, message
         self.revisions: dict[TaskKey, Task | None] = {}  # what a placed task is requeued as (None: not at all)
         self.inactive: dict[str, str] = {}  # queues that exist but cannot be used: name -> why
@@ -169,6 +198,15 @@ class Scheduler:
         self._departures = itertools.count(1)  # names the holds of evicted workloads
         # preemptions that found no plan, by (queue, shape, priority): the world then, the oldest task tried
         self._preemption_failed: dict[tuple[object, ...], tuple[tuple[int, int, int, int], tuple[float, str]]] = {}
+        # what a cycle may skip (:meth:`cycle`): every input but a new task marks the scheduler changed
+        self._changed = True
+        self._new: dict[TaskKey, None] = {}  # tasks submitted since the last cycle (none pending before)
+        self._deadline = float("inf")  # the next time something changes by itself: a backoff ends, a grace period
+        self._quiet_policy: int | None = None  # the policy's generation after a cycle that changed nothing
+        self._probing = False
+        self._running_max: dict[TaskKey, tuple[bool, float, OrderKey]] = {}  # see _merged and _merge_keys
+        self._added: dict[str, list[tuple[OrderKey, tuple[bool, float, OrderKey]]]] = {}
+        self.stats = CycleStats()
         for node in nodes:
             self.set_node(node)
 
@@ -185,11 +223,13 @@ class Scheduler:
     # -- inputs ---------------------------------------------------------------------------
     def set_queue(self, spec: QueueSpec) -> None:
         """Add or update a GPUClusterQueue."""
+        self._changed = True
         self.quotas.set_queue(spec)
         self.inactive.pop(spec.name, None)
 
     def set_flavor(self, flavor: Flavor) -> None:
         """Add or update a ResourceFlavor (what each queue's quota of that flavor covers)."""
+        self._changed = True
         self.flavors[flavor.name] = flavor
         self.invalid_flavors.pop(flavor.name, None)
 
@@ -197,6 +237,7 @@ class Scheduler:
         """Forget a ResourceFlavor: queues that list it admit nothing until it is back (Kueue: FlavorNotFound);
         ``invalid`` says why when it exists but cannot be used, as a predicate (``is invalid: ...``, ``is
         being deleted: ...``); None: it does not exist."""
+        self._changed = True
         self.flavors.pop(name, None)
         if invalid is None:
             self.invalid_flavors.pop(name, None)
@@ -206,6 +247,7 @@ class Scheduler:
     def remove_queue(self, name: str, *, invalid: str | None = None) -> None:
         """Remove a queue; its pending tasks wait with reason QueueNotFound, or QueueInactive
         when the queue exists but its spec is ``invalid`` (the message says why)."""
+        self._changed = True
         self.quotas.remove_queue(name)
         if invalid is None:
             self.inactive.pop(name, None)
@@ -216,12 +258,17 @@ class Scheduler:
         """Add or update a node; tasks on GPUs now unhealthy or gone are queued for GPUFailure.
 
         A node reported NotReady (:meth:`node_ready`) stays unschedulable whatever ``node`` says.
-        Returns the keys of the tasks queued for eviction.
+        Returns the keys of the tasks queued for eviction. The same node again changes nothing.
         """
-        return self.health.set_node(node)
+        before = self._node_generation(node.name)
+        lost = self.health.set_node(node)
+        if lost or before is None or self._node_generation(node.name) != before:
+            self._changed = True
+        return lost
 
     def remove_node(self, name: NodeName) -> list[TaskKey]:
         """A node is deleted: its tasks are queued for eviction (NodeFailure) and it is forgotten."""
+        self._changed = True
         lost = self.health.node_removed(name)
         self._carry.extend(self._evict_failed(self.health.take()))  # release before the node goes
         self.health.forget(name)
@@ -230,15 +277,23 @@ class Scheduler:
     def node_ready(self, name: NodeName, ready: bool, now: float) -> None:
         """Report a node's readiness at ``now``: NotReady stops new work at once and evicts
         its tasks after the grace period; Ready in time changes nothing."""
+        was = (self.health.is_down(name), self._node_generation(name))
         self.health.node_ready(name, ready, now)
+        if was != (self.health.is_down(name), self._node_generation(name)):
+            self._changed = True
 
     def node_failed(self, name: NodeName, why: str) -> list[TaskKey]:
         """Fail a node at once (out-of-service taint): queue its tasks for NodeFailure eviction."""
+        self._changed = True
         return self.health.node_failed(name, why)
 
     def submit(self, task: Task) -> None:
         """Queue a task (or replace its pending version). Running tasks are left alone."""
         if self.ledger.get(task.key) is None:
+            if task.key in self.pending:
+                self._changed = True  # a new version of a waiting task: where it stands is tried anew
+            else:
+                self._new[task.key] = None
             self.pending.push(task)
 
     def restore(
@@ -259,6 +314,7 @@ class Scheduler:
         """
         if task.key in self.ledger.running:
             return True
+        self._changed = True
         self.pending.discard(task.key)
         task = self._flavor_of(task, placement, flavor)
         self.ledger.restore(task, placement, admitted_at, charge=charge)
@@ -274,6 +330,7 @@ class Scheduler:
         ``fit``: hold only what is free now of each GPU (after an eviction, whatever a nominated
         preemptor did not take). Returns what is held.
         """
+        self._changed = True
         return self.ledger.hold(key, placement, fit=fit)
 
     def evict(self, key: TaskKey, reason: str, message: str, *, failure: bool = False) -> None:
@@ -282,6 +339,7 @@ class Scheduler:
         entry = self.ledger.get(key)
         if entry is None:
             return
+        self._changed = True
         if failure:
             self._carry.extend(self._evict_failed([FailureNotice(key, reason, message)]))
             return
@@ -310,7 +368,8 @@ class Scheduler:
 
     def set_reschedules(self, key: TaskKey, count: int) -> None:
         """Restore how many failure evictions a task has had (from its status, after a restart)."""
-        if count > 0:
+        if count > 0 and self.health.failures.counts.get(key) != count:
+            self._changed = True
             self.health.failures.counts[key] = count
 
     def reschedules(self, key: TaskKey) -> int:
@@ -321,16 +380,19 @@ class Scheduler:
         """Forget a task (finished, deleted or evicted) or a hold: release GPUs and quota.
 
         Decisions about it made outside a cycle and not yet emitted are dropped: the adapter
-        has moved on (e.g. the task was deleted right after its node was).
+        has moved on (e.g. the task was deleted right after its node was). Forgetting what it does not know
+        changes nothing.
         """
-        self.pending.discard(key)
-        self.reasons.pop(key, None)
-        self.filters.pop(key, None)
-        self.deferred.pop(key, None)
+        known = self.pending.discard(key) is not None
+        self._forget_wait(key)
+        known = self.deferred.pop(key, None) is not None or known
+        known = key in self.revisions or known
         self.revisions.pop(key, None)
         if self._carry:  # in place: callers may hold the list (``self._carry.extend(...)``)
             self._carry[:] = [d for d in self._carry if d.task.key != key]
         released = self.ledger.release(key)
+        if known or released is not None:
+            self._changed = True
         return released.placement if isinstance(released, Entry) else released
 
     def requeue(self, key: TaskKey) -> Task | None:
@@ -344,6 +406,7 @@ class Scheduler:
         entry = self.ledger.get(key)
         if entry is None:
             return None
+        self._changed = True
         revised = self.revisions.get(key, entry.task.unflavored or entry.task)
         self.finish(key)
         if revised is not None:
@@ -354,19 +417,23 @@ class Scheduler:
         """A placed task's spec changed: it is requeued as ``task`` (None: not requeued, its new spec
         is invalid) when it is next evicted. A running task itself never changes under its placement."""
         if self.ledger.get(key) is not None:
+            self._changed = True
             self.revisions[key] = task
 
     def defer(self, key: TaskKey, until: float, reason: str, message: str) -> None:
         """Hold a pending task back until ``until`` (seconds, the cycle's clock): it waits with
         ``reason`` and is tried again at the first cycle at or after ``until`` (a backoff)."""
+        self._changed = True
         self.deferred[key] = (until, reason, message)
 
     def undefer(self, key: TaskKey) -> None:
         """Try a deferred task at the next cycle."""
-        self.deferred.pop(key, None)
+        if self.deferred.pop(key, None) is not None:
+            self._changed = True
 
     def victim_gone(self, key: TaskKey) -> None:
         """A preempted task's workload has terminated: its preemptor stops waiting for it."""
+        self._changed = True
         self.ledger.victim_gone(key)
 
     def placement_of(self, key: TaskKey) -> Placement | None:
@@ -384,11 +451,56 @@ class Scheduler:
 
         Raises OverCommitError when the placement no longer fits.
         """
+        self._changed = True
         self.ledger.admit(task, placement, now, charge=False)
 
     # -- the cycle ------------------------------------------------------------------------
     def cycle(self, now: float = 0.0) -> list[Decision]:
         """Run one scheduling cycle at time ``now`` (seconds); returns decisions in order.
+
+        A cycle costs what changed (:attr:`stats` says which way it went). When the last cycle changed nothing
+        (it only said why tasks wait), no input came since and no deadline passed (a backoff's end, a node's
+        grace period), a cycle would find what the last one found for every task: it is skipped. When only new
+        tasks came, each is tried alone (:meth:`_incremental`); if every one waits, that is the whole cycle.
+        Otherwise the walk (:meth:`_walk`) tries every pending task in order. Both shortcuts need a policy that
+        scores by node state alone and learns nothing from the tasks it sees (``scores_by_state``, not
+        ``learns``): a random or learning policy must see every try, as before.
+        """
+        quiet = self._quiet(now)
+        if quiet and not self._new:
+            self.stats = CycleStats("skipped", 0, self.stats.skipped + 1)
+            return []
+        decisions = self._incremental(now) if quiet else None
+        if decisions is None:
+            decisions = self._walk(now)
+        self._changed = any(not isinstance(d, Pending) for d in decisions)
+        self._new.clear()
+        self._deadline = self._next_deadline(now)
+        policy = self.policy
+        self._quiet_policy = policy.generation if policy.scores_by_state and not policy.learns else None
+        return decisions
+
+    def _quiet(self, now: float) -> bool:
+        """True when nothing but new tasks came since a cycle that changed nothing, and no deadline passed."""
+        return (
+            self.incremental
+            and not self._changed
+            and not self._carry
+            and now < self._deadline
+            and self._quiet_policy is not None
+            and self._quiet_policy == self.policy.generation
+        )
+
+    def _next_deadline(self, now: float) -> float:
+        """The first moment after ``now`` at which a waiting task's backoff ends or a NotReady node's grace
+        period runs out (seconds; infinity when none)."""
+        grace = self.health.failures.grace_s
+        ends = [until for until, _, _ in self.deferred.values() if until > now]
+        ends += [since + grace for since in self.health.failures.down_since.values() if since + grace >= now]
+        return min(ends, default=float("inf"))
+
+    def _walk(self, now: float) -> list[Decision]:
+        """Every pending task in order:
 
         0. evict tasks on failed GPUs and on nodes down past the grace period;
         1. admit nominated preemptors whose victims are gone;
@@ -405,26 +517,121 @@ class Scheduler:
         decisions += self._admit_nominated(now)
         decisions += self._drain()
         positions: dict[str, int] = {}
+        tried = 0
         for task in self._ordered():
             if task.key not in self.pending:
                 continue
             position = positions.get(task.queue, 0)  # still-pending tasks ahead in its queue
+            tried += 1
             for decision in self._try(task, memo, now):
                 if not isinstance(decision, Pending):
                     decisions.append(decision)
                     continue
-                if decision.filters:
-                    self.filters[task.key] = decision.filters
-                else:
-                    self.filters.pop(task.key, None)
+                self._note_filters(task.key, decision)
                 last = self.reasons.get(task.key)
                 moved = last is not None and last[2] != position and position < self.tracked_positions
                 if last is None or last[:2] != (decision.reason, decision.message) or moved:
-                    self.reasons[task.key] = (decision.reason, decision.message, position)
+                    self._say(task, decision.reason, decision.message, position)
                     decisions.append(replace(decision, position=position))
             if task.key in self.pending:
                 positions[task.queue] = position + 1
+        self.stats = CycleStats("full", tried, self.stats.skipped)
         return decisions
+
+    def _note_filters(self, key: TaskKey, decision: Pending) -> None:
+        self._count_filters(self.filters.pop(key, ()), -1)
+        if decision.filters:
+            self.filters[key] = decision.filters
+            self._count_filters(decision.filters, 1)
+
+    def _count_filters(self, filters: tuple[tuple[str, int], ...], sign: int) -> None:
+        for name, _ in filters:
+            left = self.waiting_by_filter.get(name, 0) + sign
+            if left:
+                self.waiting_by_filter[name] = left
+            else:
+                del self.waiting_by_filter[name]
+
+    def _say(self, task: Task, reason: str, message: str, position: int) -> None:
+        """Record why ``task`` waits (and count it under its queue and reason)."""
+        self._uncount_wait(task.key)
+        self.reasons[task.key] = (reason, message, position)
+        where = self._said_in[task.key] = (task.queue, str(reason))
+        self.waiting_by_reason[where] = self.waiting_by_reason.get(where, 0) + 1
+
+    def _uncount_wait(self, key: TaskKey) -> None:
+        where = self._said_in.pop(key, None)
+        if where is not None:
+            left = self.waiting_by_reason[where] - 1
+            if left:
+                self.waiting_by_reason[where] = left
+            else:
+                del self.waiting_by_reason[where]
+
+    def _forget_wait(self, key: TaskKey) -> None:
+        """``key`` waits no more: drop its reason and filters (and their counts)."""
+        self.reasons.pop(key, None)
+        self._uncount_wait(key)
+        self._count_filters(self.filters.pop(key, ()), -1)
+
+    def _incremental(self, now: float) -> list[Decision] | None:
+        """The cycle when only new tasks came since a cycle that changed nothing (O(new tasks x log pending), plus
+        the tracked positions of the queues they joined); None when the walk must decide.
+
+        Each new task is tried alone against the state the last cycle left (admitting or preempting raises
+        :class:`_WouldChange` instead of doing it: an admission changes what every later task sees, so the walk
+        then decides, in order). If every new task waits, the walk would emit the same: every task it tried
+        before a state change finds what it found last time, so it emits a Pending for each new task (where
+        it stands in its queue) and a new position for each waiting task a new one now stands ahead of (among
+        the first ``tracked_positions`` of its queue), and nothing else, in the walk's order (with cohorts, from the
+        keys the last walk gave each task as its queue's head: :meth:`_merge_keys`). A new task in a StrictFIFO
+        queue goes to the walk (whether its head blocks it is decided in order).
+        """
+        new = sorted((t for key in self._new if (t := self.pending.get(key)) is not None), key=order_key)
+        if len(self.reasons) != len(self.pending) - len(new) or any(
+            (spec := self.quotas.specs.get(t.queue)) is not None and spec.strategy == "StrictFIFO" for t in new
+        ):
+            return None  # a waiting task without a reason said would be emitted by the walk
+        memo, waits = _CycleMemo(), []
+        self._variant_cache.clear()
+        self._probing = True
+        try:
+            for task in new:
+                waits.append(self._try(task, memo, now))
+        except _WouldChange:
+            return None
+        finally:
+            self._probing = False
+        out: list[Pending] = []
+        for task, tried in zip(new, waits, strict=True):
+            decision = tried[0]
+            assert len(tried) == 1 and isinstance(decision, Pending)  # anything else raised _WouldChange
+            out.append(replace(decision, position=self.pending.rank(task)))
+        out += self._moved_behind(new)
+        if not self._cohorts():  # the walk's order is the queues' order
+            out.sort(key=lambda d: order_key(d.task))
+        else:
+            where = self._merge_keys(out, new)
+            if where is None:
+                return None
+            out.sort(key=lambda d: where[d.task.key])
+        for decision in out:  # nothing recorded before the order is known (the walk may still decide)
+            self._note_filters(decision.task.key, decision)
+            self._say(decision.task, decision.reason, decision.message, decision.position)
+        self.stats = CycleStats("incremental", len(new), self.stats.skipped)
+        return list(out)
+
+    def _moved_behind(self, new: list[Task]) -> list[Pending]:
+        """Waiting tasks that new ones now stand ahead of, at a new position among the tracked heads of their queue:
+        a Pending with the same reason at the new position."""
+        out: list[Pending] = []
+        for queue in sorted({t.queue for t in new}):
+            first = min(self.pending.rank(t) for t in new if t.queue == queue)
+            for position, task in enumerate(self.pending.in_queue(queue, first, self.tracked_positions), first):
+                last = self.reasons.get(task.key)
+                if last is not None and task.key not in self._new and last[2] != position:
+                    out.append(Pending(task, last[0], last[1], position, self.filters.get(task.key, ())))
+        return out
 
     def _failure_evictions(self, now: float) -> list[Decision]:
         self.health.expired(now)
@@ -459,6 +666,7 @@ class Scheduler:
         out: list[Decision] = []
         for key in self.ledger.ready():
             entry = self.ledger.promote(key, now)
+            self._forget_wait(key)  # it said Preempting while nominated
             out.append(Admit(entry.task, entry.placement, entry.usage))
         return out
 
@@ -482,9 +690,10 @@ class Scheduler:
         Without cohorts that is the global order of :class:`QueueManager`; with them see
         :meth:`_merged`.
         """
-        if not any(s.cohort is not None for s in self.quotas.specs.values()):
-            return self.pending
-        return self._merged()
+        return self._merged() if self._cohorts() else self.pending
+
+    def _cohorts(self) -> bool:
+        return any(s.cohort is not None for s in self.quotas.specs.values())
 
     def _merged(self) -> Iterator[Task]:
         """Queue heads in Kueue's ``entryOrdering`` (pkg/scheduler): a head that fits its nominal quota
@@ -497,12 +706,56 @@ class Scheduler:
             by_queue.setdefault(task.queue, deque()).append(task)
         heap = [(self._head_key(tasks[0]), name) for name, tasks in by_queue.items()]
         heapq.heapify(heap)
+        self._running_max, self._added = {}, {}  # how _incremental puts what it emits in this order (_merge_keys)
+        top: dict[str, tuple[bool, float, OrderKey]] = {}
         while heap:
-            _, name = heapq.heappop(heap)
+            key, name = heapq.heappop(heap)
             tasks = by_queue[name]
-            yield tasks.popleft()
+            task = tasks.popleft()
+            top[name] = max(top[name], key) if name in top else key
+            self._running_max[task.key] = top[name]
+            yield task
             if tasks:
                 heapq.heappush(heap, (self._head_key(tasks[0]), name))
+
+    def _merge_keys(self, emitted: list[Pending], new: list[Task]) -> dict[TaskKey, tuple[object, ...]] | None:
+        """Sort keys that put ``emitted`` in :meth:`_merged`'s order while nothing changes its queues' keys (between
+        cycles that admit nothing); None when one cannot be told, or when more than :data:`MERGE_ADDED` tasks came
+        since the last walk (the walk then decides: it costs less than this does then).
+
+        A merge that always takes the queue head with the lowest key yields the tasks in the order of the largest
+        key of their queue up to them (each queue's keys being distinct from every other's; queue order breaks
+        ties within a queue). So a task's sort key is that running maximum: the larger of the one the last walk
+        recorded for the nearest task ahead that it walked and the largest key of the tasks added since that are
+        ahead of it (a binary search in their running maxima), not a replay of the merge."""
+        for task in new:
+            bisect.insort(self._added.setdefault(task.queue, []), (order_key(task), self._head_key(task)))
+        if sum(len(entries) for entries in self._added.values()) > MERGE_ADDED:
+            return None
+        added = {ok[2] for entries in self._added.values() for ok, _ in entries}
+        ahead = {q: list(itertools.accumulate((k for _, k in entries), max)) for q, entries in self._added.items()}
+        out: dict[TaskKey, tuple[object, ...]] = {}
+        for decision in emitted:
+            task = decision.task
+            rank, entries = self.pending.rank(task), self._added.get(task.queue, [])
+            keys = []
+            if (at := bisect.bisect_right(entries, (order_key(task), (True, float("inf"), order_key(task))))) > 0:
+                keys.append(ahead[task.queue][at - 1])
+            walked = self._walked_ahead(task.queue, rank, added, len(entries))
+            if walked is not None:
+                if walked not in self._running_max:
+                    return None
+                keys.append(self._running_max[walked])
+            out[task.key] = (max(keys), rank)
+        return out
+
+    def _walked_ahead(self, queue: str, rank: int, added: set[str], in_queue: int) -> TaskKey | None:
+        """The nearest task at or ahead of ``rank`` in ``queue`` that the last walk saw (not one of the ``in_queue``
+        tasks of ``added`` there); None when there is none."""
+        for earlier in reversed(self.pending.in_queue(queue, max(0, rank - in_queue), rank + 1)):
+            if earlier.key not in added:
+                return earlier.key
+        return None
 
     def _head_key(self, task: Task) -> tuple[bool, float, OrderKey]:
         spec = self.quotas.specs.get(task.queue)
@@ -716,14 +969,15 @@ class Scheduler:
         return check
 
     def _admit(self, task: Task, placement: Placement, now: float) -> Admit:
+        if self._probing:
+            raise _WouldChange
         self._unqueue(task.key)
         entry = self.ledger.admit(task, placement, now)
         return Admit(task, placement, entry.usage)
 
     def _unqueue(self, key: TaskKey) -> None:
         self.pending.discard(key)
-        self.reasons.pop(key, None)
-        self.filters.pop(key, None)
+        self._forget_wait(key)
 
     # -- preemption -----------------------------------------------------------------------------
     def _world(self) -> tuple[int, int, int, int]:
@@ -761,6 +1015,8 @@ class Scheduler:
 
     def _start(self, task: Task, plan: Plan, now: float) -> list[Decision]:
         """Evict ``plan``'s victims and nominate ``task`` to their GPUs."""
+        if self._probing:
+            raise _WouldChange
         victims = [self.ledger.get(v.task.key) for v in plan.victims]
         for victim in plan.victims:
             self.requeue(victim.task.key)
@@ -774,6 +1030,9 @@ class Scheduler:
         waiting = ", ".join(sorted(v.task.key for v in plan.victims))
         decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {plan.placement.node}"))
         return decisions
+
+    def _node_generation(self, name: NodeName) -> int | None:
+        return self.cluster.node(name).generation if self.cluster.has_node(name) else None
 
     def _min_usage(self, task: Task) -> Usage:
         return min_usage(task, self.health.largest_gpu_mib)

@@ -159,6 +159,7 @@ class Controller:
         self.local_queues = LocalQueues()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.by_uid: dict[str, TaskRecord] = {}
+        self.in_namespace: dict[str, set[TaskKey]] = {}  # task keys by namespace (a namespace's event touches these)
         self.jobs: dict[str, JobRecord] = {}  # by "namespace/name"
         self.jobs_of_task: dict[str, dict[str, JobRecord]] = {}  # task uid -> Job key -> Job
         self.held: dict[str, TaskKey] = {}  # departing Job key -> holding key in the scheduler
@@ -401,6 +402,16 @@ class Controller:
             log.exception("GPUTask %s/%s: conversion failed", namespace, obj["metadata"].get("name"))
             raise InvalidTaskError("InvalidSpec", f"the spec cannot be read ({type(exc).__name__}: {exc})") from None
 
+    def is_echo(self, obj: Mapping[str, Any]) -> bool:
+        """True when ``obj`` (a GPUTask from a watch) is exactly what its record already holds: the same uid at the
+        resourceVersion our own status write produced (the write's echo), so it carries no change to take."""
+        meta = obj["metadata"]
+        record = self.tasks.get(task_key(meta.get("namespace") or "default", meta["name"]))
+        version = meta.get("resourceVersion")
+        return record is not None and version is not None and record.whole_at == version and record.uid == meta.get(
+            "uid"
+        )
+
     def on_task(self, obj: dict[str, Any]) -> TaskRecord:
         """Take a GPUTask body (added or modified) and return its record.
 
@@ -417,9 +428,10 @@ class Controller:
         if record is None:
             record = TaskRecord(key, str(meta.get("uid")), obj)
             self.tasks[key], self.by_uid[record.uid] = record, record
+            self.in_namespace.setdefault(record.namespace, set()).add(key)
             self._adopt_status(record, obj)
         old_spec, old_labels = record.obj.get("spec"), (record.obj["metadata"].get("labels") or {})
-        record.obj = obj
+        record.obj, record.whole_at = obj, meta.get("resourceVersion")
         changed = old_spec != obj.get("spec") or old_labels != (meta.get("labels") or {})
         if record.phase in PLACED_PHASES:
             if changed:
@@ -652,6 +664,10 @@ class Controller:
         self.scheduler.finish(record.key)
         if self.tasks.get(record.key) is record:
             del self.tasks[record.key]
+            keys = self.in_namespace.get(record.namespace, set())
+            keys.discard(record.key)
+            if not keys:
+                self.in_namespace.pop(record.namespace, None)
         self.by_uid.pop(record.uid, None)
 
     # -- restart ------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ Every write goes through the :class:`~gputask.k8s.writer.Writer`; every task tra
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import re
 import time
@@ -99,6 +100,7 @@ class Executor:
         self.transitions = Transitions(writer)
         self.metrics = metrics or writer.metrics
         self.deletions: dict[str, Deletion] = {}  # Job key -> deletion to retry
+        self._due: list[tuple[float, str]] = []  # heap of (retry_at, Job key) of failed deletions; outdated skipped
         self.queues = QueueUpkeep(controller, writer)
         self.pinner = Pinner(controller.config, writer, self.metrics)
         self._limit = asyncio.Semaphore(concurrency)
@@ -315,6 +317,7 @@ class Executor:
         except ApiError as exc:
             deletion.failures += 1
             deletion.retry_at = time.monotonic() + backoff_s(deletion.failures)
+            heapq.heappush(self._due, (deletion.retry_at, job_key))
             log.warning("deleting Job %s failed (%s); retried in %gs", job_key, exc, backoff_s(deletion.failures))
             return
         del self.deletions[job_key]
@@ -323,10 +326,14 @@ class Executor:
             self.controller.job_gone(job)
 
     async def retry_deletions(self) -> None:
-        """Retry the Job deletions whose backoff has passed."""
-        now = time.monotonic()
-        due = [k for k, d in self.deletions.items() if d.retry_at <= now and d.failures > 0]
-        await asyncio.gather(*(self.delete(k) for k in due))
+        """Retry the Job deletions whose backoff has passed (only those due, not a pass over every one)."""
+        now, due = time.monotonic(), []
+        while self._due and self._due[0][0] <= now:
+            at, key = heapq.heappop(self._due)
+            deletion = self.deletions.get(key)
+            if deletion is not None and deletion.retry_at == at and deletion.failures > 0:
+                due.append(key)
+        await asyncio.gather(*(self.delete(k) for k in dict.fromkeys(due)))
 
     async def delete_job(self, record: TaskRecord) -> None:
         """Delete a deleted task's Job (its GPUs are held until it is gone)."""

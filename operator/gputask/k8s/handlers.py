@@ -1,4 +1,4 @@
-"""kopf handlers: feed the controller from watch events and wake the scheduling loop.
+"""kopf handlers and the informers' feeds: feed the controller from watch events and wake the scheduling loop.
 
 Handlers never decide and never write: each takes the core gate (the cycle runs on a worker
 thread while it is held), feeds :class:`~gputask.k8s.controller.Controller` or the Kueue support,
@@ -6,6 +6,11 @@ and wakes the loop, which publishes what they queued. All are ``async def`` (syn
 run in threads and race). They use ``kopf.on.event`` (no finalizers, no kopf state annotations),
 so no GPUTask deletion can ever hang on gputask. Handlers are registered on a registry per
 operator instance, so tests can run two operators in one process.
+
+GPUTasks and our Jobs, the two kinds every task brings events of, come through the operator's own
+informers instead (:mod:`gputask.k8s.informer`: kopf's per-event cost was most of the operator's CPU in
+a burst) into :class:`TaskFeed` and :class:`JobFeed`, a batch of events per gate and wake. They run
+while this instance leads, from the resourceVersions its rebuild listed.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 import kopf
 
 from gputask.config import Config
-from gputask.core.model import task_key
+from gputask.core.model import TaskKey, task_key
 from gputask.k8s.client import (
     GPUCLUSTERQUEUES,
     GPULOCALQUEUES,
@@ -39,11 +44,13 @@ from gputask.k8s.client import (
     WORKLOADS,
     ApiError,
     KubeApi,
+    Listed,
     Resource,
 )
 from gputask.k8s.controller import Controller, Report
 from gputask.k8s.executor import Executor
 from gputask.k8s.foreign import UNFINISHED_PODS, bound
+from gputask.k8s.informer import Informer
 from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
 from gputask.k8s.kueue import KueueSupport
 from gputask.k8s.leader import LeaderElector
@@ -58,6 +65,7 @@ Handler = Callable[..., Coroutine[Any, Any, None]]
 CLEANUP_TIMEOUT_S = 15.0  # the longest a shutdown waits for the leader election to release the Lease
 REBUILD_RETRY_S = 5.0
 
+INFORMED = ("jobs", "tasks")  # the kinds of REBUILD_ORDER the operator's informers watch (not kopf)
 REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "priorityclasses": (PRIORITYCLASSES, None),
     "workloadpriorityclasses": (WORKLOADPRIORITYCLASSES, None),
@@ -95,6 +103,11 @@ class Operator:
         self.gate = asyncio.Lock()
         self.loop = SchedulingLoop(self.controller, self.executor, self.gate)
         self.kueue = KueueSupport(client, self.controller, self.executor, self.gate)
+        namespace = config.namespace or None
+        self.informers = {
+            "tasks": Informer(client, GPUTASKS, TaskFeed(self), namespace=namespace),
+            "jobs": Informer(client, JOBS, JobFeed(self), namespace=namespace, labels=REBUILD_ORDER["jobs"][1]),
+        }
         self.registry = kopf.OperatorRegistry()
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.elector: LeaderElector | None = None
@@ -113,10 +126,12 @@ class Operator:
 
     async def rebuild(self) -> None:
         """List everything and rebuild the controller before the first cycle; then feed the events
-        that arrived meanwhile and are newer than what was listed."""
+        that arrived meanwhile and are newer than what was listed, and watch GPUTasks and Jobs from
+        the resourceVersions of their lists."""
         self._buffer = []
+        await self._stop_informers()
         try:
-            objects = await self._list_all()
+            objects, versions = await self._list_all()
             async with self.gate:
                 self.controller.foreign.reset(objects["pods"])
                 self.executor.reset()
@@ -129,20 +144,33 @@ class Operator:
                     await handler(event)
         finally:
             self._buffer = None
+        for kind, informer in self.informers.items():
+            informer.start(versions[kind])
 
-    async def _list_all(self) -> dict[str, list[dict[str, Any]]]:
+    async def _list_all(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+        """Every kind's objects, and the list resourceVersions of the informed kinds (GPUTasks, Jobs)."""
         objects: dict[str, list[dict[str, Any]]] = {}
+        versions: dict[str, str] = {}
         kueue_mode = self.config.queueing == "kueue"
         lists = {**REBUILD_ORDER, "pods": (PODS, None), **({"workloads": (WORKLOADS, None)} if kueue_mode else {})}
         for kind, (resource, labels) in lists.items():
             fields = UNFINISHED_PODS if resource == PODS else None
             try:
-                objects[kind] = await self.client.list(resource, labels=labels, fields=fields)
+                if kind in INFORMED:  # paginated, with the version its informer watches from
+                    informer = self.informers[kind]
+                    found = await self.client.list_versioned(resource, informer.namespace, labels=labels)
+                    objects[kind], versions[kind] = found.items, found.resource_version
+                else:
+                    objects[kind] = await self.client.list(resource, labels=labels, fields=fields)
             except ApiError as exc:
                 if exc.status != 404:
                     raise kopf.TemporaryError(f"listing {kind} failed: {exc}", delay=5) from exc
                 objects[kind] = []  # e.g. no Kueue WorkloadPriorityClass API in this cluster
-        return objects
+        return objects, versions
+
+    async def _stop_informers(self) -> None:
+        for informer in self.informers.values():
+            await informer.stop()
 
     def _kept(self, handler: Handler, event: dict[str, Any]) -> bool:
         """While rebuilding, keep the event for after the rebuild (True: the handler must not feed it now)."""
@@ -182,6 +210,7 @@ class Operator:
     async def step_down(self) -> None:
         """Stop scheduling (lost the Lease, or shutting down)."""
         self.leading = False
+        await self._stop_informers()
         await self.loop.stop()
         await self.kueue.stop()
 
@@ -213,33 +242,27 @@ class Operator:
                 log.error("the leader election did not stop within %gs of being cancelled", CLEANUP_TIMEOUT_S)
         await self.step_down()
 
-    async def on_task(self, event: dict[str, Any], **_: Any) -> None:
-        """GPUTask added, modified or deleted."""
-        if not self.leading or self._kept(self.on_task, event):
-            return
-        obj = event["object"]
-        async with self.gate:
-            if event.get("type") == "DELETED" or obj["metadata"].get("deletionTimestamp"):
-                record = self.controller.on_task_deleted(obj)
-                if record is not None and record.job_name and record.phase in PLACED_PHASES:
-                    self.controller.outbox.append(Report("delete-job", record))
-            else:
-                self.controller.on_task(obj)
-        self.loop.wake()
-        self.kueue.note_task(task_key(obj["metadata"].get("namespace") or "default", obj["metadata"]["name"]))
+    def task_event(self, obj: dict[str, Any], *, deleted: bool) -> TaskKey | None:
+        """A GPUTask added, modified or deleted (the gate held); its key, None when the event was the echo of
+        our own status write (nothing new: dropped before any conversion)."""
+        meta = obj["metadata"]
+        if deleted or meta.get("deletionTimestamp"):
+            record = self.controller.on_task_deleted(obj)
+            if record is not None and record.job_name and record.phase in PLACED_PHASES:
+                self.controller.outbox.append(Report("delete-job", record))
+        elif self.controller.is_echo(obj):
+            return None
+        else:
+            self.controller.on_task(obj)
+        return task_key(meta.get("namespace") or "default", meta["name"])
 
-    async def on_job(self, event: dict[str, Any], **_: Any) -> None:
-        """One of our Jobs changed: track running, completion and disappearance."""
-        if not self.leading or self._kept(self.on_job, event):
-            return
-        obj, deleted = event["object"], event.get("type") == "DELETED"
-        async with self.gate:
-            self.kueue.on_job(obj, deleted=deleted)
-            if deleted:
-                self.controller.on_job_deleted(obj)
-            else:
-                self.controller.on_job(obj)
-        self.loop.wake()
+    def job_event(self, obj: dict[str, Any], *, deleted: bool) -> None:
+        """One of our Jobs added, changed or deleted (the gate held): running, completion, disappearance."""
+        self.kueue.on_job(obj, deleted=deleted)
+        if deleted:
+            self.controller.on_job_deleted(obj)
+        else:
+            self.controller.on_job(obj)
 
     async def on_pod(self, event: dict[str, Any], **_: Any) -> None:
         """A foreign pod bound to a node changed: update the foreign-pod index and that node's GPUs and offer."""
@@ -277,10 +300,15 @@ class Operator:
         self.loop.wake()
 
     def _track(
-        self, method: str, *, timed: bool = False, on: str = "inventory", then: Callable[[], None] | None = None
+        self,
+        method: str,
+        *,
+        timed: bool = False,
+        on: str = "inventory",
+        then: Callable[[dict[str, Any]], None] | None = None,
     ) -> Handler:
-        """A handler that passes the object to ``controller.<on>.<method>`` (looked up per event), then calls
-        ``then`` (if given)."""
+        """A handler that passes the object to ``controller.<on>.<method>`` (looked up per event), then passes it
+        to ``then`` (if given)."""
 
         async def handler(event: dict[str, Any], **_: Any) -> None:
             if not self.leading or self._kept(handler, event):
@@ -295,7 +323,7 @@ class Operator:
                     call(event["object"], deleted=deleted)
             self.loop.wake()
             if then is not None:
-                then()
+                then(event["object"])
 
         return handler
 
@@ -303,8 +331,6 @@ class Operator:
         reg = self.registry
         kopf.on.startup(registry=reg)(self.on_startup)
         kopf.on.cleanup(registry=reg)(self.on_cleanup)
-        kopf.on.event("gputask.io", "v1alpha1", "gputasks", registry=reg)(self.on_task)
-        kopf.on.event("batch", "v1", "jobs", registry=reg, annotations={TASK_UID_ANNOTATION: kopf.PRESENT})(self.on_job)
         kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.ABSENT}, when=bound)(self.on_pod)
         kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.PRESENT}, id="task-pods")(self.on_task_pod)
         if self.config.queueing == "kueue":
@@ -323,9 +349,81 @@ class Operator:
             (("gputask.io", "v1alpha1", "gpuclusterqueues"), self._track("on_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpulocalqueues"), self._track("on_local_queue", on="controller")),
             (("gputask.io", "v1alpha1", "gpuresourceflavors"), self._track("on_flavor")),
-            (("v1", "namespaces"), self._track("on_namespace", then=lambda: self.kueue.note_everyone())),
+            (("v1", "namespaces"),
+             self._track("on_namespace", then=lambda obj: self.kueue.note_namespace(str(obj["metadata"]["name"])))),
         ):
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)
+
+
+class TaskFeed:
+    """GPUTask events from the tasks informer into the controller, a batch per gate and wake."""
+
+    def __init__(self, operator: Operator) -> None:
+        self.operator = operator
+
+    async def apply(self, events: list[dict[str, Any]]) -> None:
+        """Feed the events in order; tasks that changed are due for the Kueue check."""
+        op = self.operator
+        if not op.leading:
+            return
+        async with op.gate:
+            keys = [op.task_event(e["object"], deleted=e["type"] == "DELETED") for e in events]
+        op.loop.wake()
+        for key in keys:
+            if key is not None:
+                op.kueue.note_task(key)
+
+    async def replace(self, listed: Listed) -> None:
+        """After a gap: every listed task fed again (unchanged ones are echoes, dropped), every known task
+        missing from the listing deleted."""
+        op = self.operator
+        if not op.leading:
+            return
+        async with op.gate:
+            present = set()
+            for obj in listed.items:
+                op.task_event(obj, deleted=False)
+                present.add(task_key(obj["metadata"].get("namespace") or "default", obj["metadata"]["name"]))
+            for key, record in list(op.controller.tasks.items()):
+                if key not in present:
+                    op.task_event(record.obj, deleted=True)
+        op.loop.wake()
+        op.kueue.note_everyone()
+
+
+class JobFeed:
+    """Events of our Jobs from the jobs informer into the controller, a batch per gate and wake."""
+
+    def __init__(self, operator: Operator) -> None:
+        self.operator = operator
+
+    async def apply(self, events: list[dict[str, Any]]) -> None:
+        """Feed the events in order (Jobs without our task-uid annotation are not ours: the controller skips
+        them)."""
+        op = self.operator
+        if not op.leading:
+            return
+        async with op.gate:
+            for event in events:
+                op.job_event(event["object"], deleted=event["type"] == "DELETED")
+        op.loop.wake()
+
+    async def replace(self, listed: Listed) -> None:
+        """After a gap: every listed Job fed again, every known Job missing from the listing deleted."""
+        op = self.operator
+        if not op.leading:
+            return
+        async with op.gate:
+            present = set()
+            for obj in listed.items:
+                op.job_event(obj, deleted=False)
+                present.add(f"{obj['metadata'].get('namespace') or 'default'}/{obj['metadata']['name']}")
+            for key, job in list(op.controller.jobs.items()):
+                if key not in present:
+                    gone = {"metadata": {"name": job.name, "namespace": job.namespace,
+                                         "annotations": {TASK_UID_ANNOTATION: job.task_uid}}}
+                    op.job_event(gone, deleted=True)
+        op.loop.wake()
 
 
 def _identity(obj: dict[str, Any]) -> tuple[str, str, str, str]:

@@ -7,6 +7,7 @@ failures go through the core (:meth:`gputask.core.Scheduler.node_ready`, ``node_
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -104,6 +105,9 @@ class Inventory:
         self.deleted_nodes: set[str] = set()
         self.gpunodes: dict[str, Mapping[str, Any]] = {}
         self.stale: set[str] = set()
+        # when each GPUNode's heartbeat turns stale (or, from the future, fresh): check_heartbeats looks at those due
+        self._flips: list[tuple[float, str]] = []  # heap of (time s, node); an entry not in _flip_at is outdated
+        self._flip_at: dict[str, float] = {}
         self.queue_errors: dict[str, str] = {}
         self.flavor_errors: dict[str, str] = {}  # GPUResourceFlavors whose spec is invalid: name -> why
         self.flavor_meta: dict[str, QueueMeta] = {}  # GPUResourceFlavors as last seen (finalizer upkeep)
@@ -212,6 +216,7 @@ class Inventory:
         status = _mapping(obj.get("status"))
         stale, lie = self._heartbeat(status, now)
         self.stale.discard(name) if not stale else self.stale.add(name)
+        self._next_flip(name, status, now)
         cordoned = _mapping(_mapping(self.nodes.get(name)).get("spec")).get("unschedulable") is True
         why = "cordoned" if cordoned else "GPUNode heartbeat stale" if stale else ""
         node, errors = convert.node_from_gpunode(name, status, unschedulable=why)
@@ -325,11 +330,35 @@ class Inventory:
         )
 
     def check_heartbeats(self, now: float) -> None:
-        """Re-evaluate heartbeat staleness (time passes without events)."""
-        for name, obj in list(self.gpunodes.items()):
-            stale, _ = self._heartbeat(_mapping(obj.get("status")), now)
-            if stale != (name in self.stale):
-                self.refresh_node(name, now)
+        """Re-evaluate heartbeat staleness as time passes without events: only the GPUNodes whose heartbeat is due
+        to turn stale (or fresh) by ``now``, not every GPUNode on every loop pass."""
+        while self._flips and self._flips[0][0] < now:
+            at, name = heapq.heappop(self._flips)
+            if self._flip_at.get(name) != at:
+                continue  # a newer heartbeat moved it
+            del self._flip_at[name]
+            obj = self.gpunodes.get(name)
+            if obj is not None:
+                stale, _ = self._heartbeat(_mapping(obj.get("status")), now)
+                if stale != (name in self.stale):
+                    self.refresh_node(name, now)
+                else:
+                    self._next_flip(name, _mapping(obj.get("status")), now)
+
+    def _next_flip(self, name: str, status: Mapping[str, Any], now: float) -> None:
+        """Remember when ``name``'s heartbeat turns stale (a fresh one) or fresh (one from the future); none for
+        a stale or unreadable one (only a new report changes it)."""
+        beat = convert.timestamp(status.get("heartbeatTime"))
+        at = None
+        if beat and beat - now > MAX_CLOCK_SKEW_S:
+            at = beat - MAX_CLOCK_SKEW_S
+        elif beat and now - beat <= self.config.heartbeat_stale_after_s:
+            at = beat + self.config.heartbeat_stale_after_s
+        if at is None:
+            self._flip_at.pop(name, None)
+        elif self._flip_at.get(name) != at:
+            self._flip_at[name] = at
+            heapq.heappush(self._flips, (at, name))
 
     # -- queues ---------------------------------------------------------------------------
     def on_queue(self, obj: Mapping[str, Any], deleted: bool = False) -> None:

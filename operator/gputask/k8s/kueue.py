@@ -210,13 +210,21 @@ class KueueSupport:
         return detector.present, queues, detector.config
 
     def note_task(self, key: TaskKey) -> None:
-        """A task was added or changed: its condition is due (no pass over the others)."""
-        self._due.add(key)
+        """A task was added or changed: its condition (Kueue mode: its Job) is due (no pass over the others)."""
+        if self.kueue_mode:
+            self.admission.note_task(key)
+        else:
+            self._due.add(key)
         self.wake()
 
     def note_everyone(self) -> None:
-        """Something every task's condition depends on changed (a namespace's labels): all are due."""
+        """Something every task's condition depends on changed (Kueue's LocalQueues): all are due."""
         self._everyone = True
+        self.wake()
+
+    def note_namespace(self, name: str) -> None:
+        """A namespace changed (its labels decide whether Kueue manages its Jobs): its tasks are due, no others."""
+        self._due |= self.controller.in_namespace.get(name, set())
         self.wake()
 
     # -- events -------------------------------------------------------------------------------
@@ -230,7 +238,11 @@ class KueueSupport:
     def on_job(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
         """One of our Jobs changed: remember whether Kueue holds it suspended (gputask mode)."""
         uid = ((obj.get("metadata") or {}).get("annotations") or {}).get(TASK_UID_ANNOTATION)
-        if self.kueue_mode or not uid:
+        if self.kueue_mode:
+            self.admission.on_job(obj)
+            self.wake()
+            return
+        if not uid:
             return
         message = None if deleted else suspended_by_kueue(obj)
         if message != self.suspended.get(uid):

@@ -39,6 +39,7 @@ from gputask.core.reasons import explain
 from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
+from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.kueue_api import (
     CHECK_NAME,
     CHECK_PENDING,
@@ -82,19 +83,41 @@ class KueueAdmission:
         self.held: dict[str, TaskKey] = {}  # Workload key -> task key reserved for it
         self.registered = False
         self._register_at = float("-inf")
+        # a pass looks at what events touched (issue 17: no pass over every task and Workload per wake)
+        self._everything_due = True  # after a rebuild
+        self.due_tasks: set[TaskKey] = set()  # tasks whose Job may have to be made, adopted or finished
+        self.due_workloads: set[str] = set()  # Workloads to release or answer
+        self._of_job: dict[str, set[str]] = {}  # owner Job key -> its Workloads (an answer waits for the Job)
 
     # -- inputs -----------------------------------------------------------------------------------
     def on_workload(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
-        """Track a Workload owned by a Job (releases happen in :meth:`sync`)."""
-        key = workload_key(obj)
-        if deleted or owner_job(obj) is None:
+        """Track a Workload owned by a Job (releases happen in :meth:`sync`); it is due for the next pass."""
+        key, job = workload_key(obj), owner_job(obj)
+        if job is not None:
+            owned = self._of_job.setdefault(job, set())
+            owned.discard(key) if deleted else owned.add(key)
+        if deleted or job is None:
             self.workloads.pop(key, None)
         else:
             self.workloads[key] = dict(obj)
+        self.due_workloads.add(key)
+
+    def note_task(self, key: TaskKey) -> None:
+        """A task changed: its Job is looked at in the next pass."""
+        self.due_tasks.add(key)
+
+    def on_job(self, obj: Mapping[str, Any]) -> None:
+        """One of our Jobs changed: its task and the Workloads it owns are due (an answer may have waited for it)."""
+        meta = obj.get("metadata") or {}
+        record = self.controller.record_by_uid(str((meta.get("annotations") or {}).get(TASK_UID_ANNOTATION)))
+        if record is not None:
+            self.due_tasks.add(record.key)
+        self.due_workloads |= self._of_job.get(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", set())
 
     async def rebuild(self, workloads: list[dict[str, Any]]) -> None:
         """Re-reserve the placements of Workloads whose check is Ready; then register the check."""
-        self.workloads, self.held = {}, {}
+        self.workloads, self.held, self._of_job = {}, {}, {}
+        self._everything_due = True
         for wl in workloads:
             self.on_workload(wl)
         for key, wl in sorted(self.workloads.items()):
@@ -159,12 +182,21 @@ class KueueAdmission:
 
     # -- the pass ---------------------------------------------------------------------------------
     async def sync(self) -> None:
-        """Register if needed, emit missing Jobs, release what ended, answer Pending checks."""
+        """Register if needed, emit missing Jobs, release what ended, answer Pending checks: for the tasks and
+        Workloads events touched since the last pass (every one after a rebuild); what could not be settled
+        (a Job not seen yet, a create refused) stays due."""
         if not self.registered and time.monotonic() - self._register_at > REGISTER_RETRY_S:
             await self.register()
-        for record in list(self.controller.tasks.values()):
-            await self._ensure_job(record)
-        for key in list(self.held):
+        tasks, self.due_tasks = self.due_tasks, set()
+        workloads, self.due_workloads = self.due_workloads, set()
+        if self._everything_due:
+            self._everything_due = False
+            tasks, workloads = set(self.controller.tasks), set(self.workloads) | set(self.held)
+        for key in sorted(tasks):
+            record = self.controller.tasks.get(key)
+            if record is not None and not await self._ensure_job(record):
+                self.due_tasks.add(key)
+        for key in sorted(workloads & set(self.held)):
             wl = self.workloads.get(key)
             if (
                 wl is None
@@ -172,15 +204,18 @@ class KueueAdmission:
                 or (check_state(wl) or {}).get("state") not in (CHECK_PENDING, CHECK_READY)
             ):
                 await self._release(key, wl)
-        for key, wl in sorted(self.workloads.items()):
-            if quota_reserved(wl) and (check_state(wl) or {}).get("state") == CHECK_PENDING:
-                await self._answer(key, wl)
+        for key in sorted(workloads):
+            wl = self.workloads.get(key)
+            pending = wl is not None and quota_reserved(wl) and (check_state(wl) or {}).get("state") == CHECK_PENDING
+            if wl is not None and pending and not await self._answer(key, wl):
+                self.due_workloads.add(key)
 
-    async def _ensure_job(self, record: TaskRecord) -> None:
-        """Emit the suspended Job of a valid, unfinished task that has none; adopt the one it has."""
+    async def _ensure_job(self, record: TaskRecord) -> bool:
+        """Emit the suspended Job of a valid, unfinished task that has none; adopt the one it has. False when the
+        create failed (the next pass tries again)."""
         controller = self.controller
         if record.task is None or record.deleting or record.phase in FINISHED_PHASES:
-            return
+            return True
         namespace = record.obj["metadata"].get("namespace") or "default"
         job = controller.jobs.get(f"{namespace}/{record.job_name}") if record.job_name else None
         if job is None or job.terminating:
@@ -191,7 +226,7 @@ class KueueAdmission:
                 async with self.gate:
                     controller.scheduler.finish(record.key)
                 await self.executor.transitions.finished(record, job.outcome)
-            return
+            return True
         attempt = record.attempt + 1
         body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue, pinning=self.executor.pinning,
                                request=record.task.request)
@@ -202,7 +237,7 @@ class KueueAdmission:
             created = body
         except ApiError as exc:
             log.warning("creating the Job of %s failed (%s); retried next pass", record.key, exc)
-            return
+            return False
         async with self.gate:
             controller.on_job(created)
         record.attempt, record.job_name, record.placement = attempt, body["metadata"]["name"], None
@@ -210,14 +245,19 @@ class KueueAdmission:
             f"Job {record.job_name} waits suspended until Kueue admits it through LocalQueue {record.task.queue!r}"
         )
         await self.executor.transitions.waiting(record, WAITING, message)
+        return True
 
-    async def _answer(self, key: str, wl: dict[str, Any]) -> None:
-        """Place a reserved Workload's task and answer Ready, or Retry when nothing fits."""
+    async def _answer(self, key: str, wl: dict[str, Any]) -> bool:
+        """Place a reserved Workload's task and answer Ready, or Retry when nothing fits. False when it could not
+        be answered yet (its Job not seen, its task not converted, a reservation refused): the next pass looks
+        again."""
         record = self._record_of(wl)
-        if record is None or record.task is None:
-            return  # not ours, or its Job is not seen yet: the next pass looks again
+        if record is None:
+            return True  # not ours, or its Job is not seen yet (the Job's event makes this Workload due again)
+        if record.task is None:
+            return False  # its task cannot be placed yet: the next pass looks again
         scheduler = self.controller.scheduler
-        for other in [k for k, t in self.held.items() if t == record.key and k != key]:
+        for other in [k for k in self._held_for(record.key) if k != key]:
             await self._release(other, self.workloads.get(other))
         async with self.gate:
             placement = scheduler.placement_of(record.key) if self.held.get(key) == record.key else None
@@ -232,18 +272,25 @@ class KueueAdmission:
                         scheduler.admit_placed(record.task, placement, time.time())
                     except OverCommitError as exc:  # held by something not tracked here: look again later
                         log.warning("reserving %s for Workload %s failed: %s", record.key, key, exc)
-                        return
+                        return False
                     self.held[key] = record.key
         if refusal is not None:
             await self._retry(key, wl, record, refusal.reason, refusal.message)
-            return
+            return True
         assert placement is not None
         message = f"placed on {describe(placement)}"
         answer = check_answer(check_state(wl), CHECK_READY, message, [self._pod_set_update(wl, placement)])
         if await self._write(key, wl, answer) is None:
             await self._release(key, None)
-            return
+            return True
         await self._admitted(record, wl, placement)
+        return True
+
+    def _held_for(self, task: TaskKey) -> list[str]:
+        """The Workloads holding a reservation for ``task``: of its Jobs' Workloads (no pass over every one held)."""
+        record = self.controller.tasks.get(task)
+        jobs = self.controller.jobs_of_task.get(record.uid, {}) if record is not None else {}
+        return sorted(w for job in jobs for w in self._of_job.get(job, set()) if self.held.get(w) == task)
 
     def _pod_set_update(self, wl: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
         node = self.controller.inventory.nodes.get(placement.node) or {}

@@ -23,8 +23,8 @@ from gputask.k8s.executor import Executor
 log = logging.getLogger("gputask.loop")
 
 METRICS_EVERY_S = 1.0
-"""The gauges that read every waiting task's reason (per filter, active and inadmissible) are set at most this
-often; the others after every pass."""
+"""The waiting gauges and the fragmentation ratio (it reads every GPU) are set at most this often; the others
+after every pass."""
 
 
 class SchedulingLoop:
@@ -79,7 +79,7 @@ class SchedulingLoop:
             await executor.keep_queue_finalizers()
             await executor.report_queues()
             await executor.report_gpunodes()
-            waiting = time.monotonic() - self._metrics_at >= METRICS_EVERY_S  # these read every waiting task
+            waiting = time.monotonic() - self._metrics_at >= METRICS_EVERY_S  # the fragmentation reads every GPU
             if waiting:
                 self._metrics_at = time.monotonic()
             executor.metrics.refresh(controller.scheduler, waiting=waiting)

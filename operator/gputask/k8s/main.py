@@ -108,12 +108,17 @@ async def run_operator(
     if metrics_port:
         prometheus_client.start_http_server(metrics_port, addr=metrics_address, registry=operator.metrics.registry)
     namespace = operator.config.namespace
-    await kopf.operator(
-        registry=operator.registry,
-        settings=operator_settings(peering=peering, verbose=verbose),
-        clusterwide=not namespace,
-        namespaces=[namespace] if namespace else (),
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-        liveness_endpoint=liveness_endpoint,
-    )
+    try:
+        await kopf.operator(
+            registry=operator.registry,
+            settings=operator_settings(peering=peering, verbose=verbose),
+            clusterwide=not namespace,
+            namespaces=[namespace] if namespace else (),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+            liveness_endpoint=liveness_endpoint,
+        )
+    finally:  # kopf has run the cleanup handlers (the Lease released): the connections can go
+        await operator.client.close()
+        if operator.lease_client is not operator.client:
+            await operator.lease_client.close()

@@ -10,10 +10,9 @@ waits for the watch to bring a newer version), so neither costs a write per pass
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from gputask.core import Task
 from gputask.core.flavors import flavored, split_key
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec
 from gputask.core.reasons import Reason
@@ -55,10 +54,13 @@ class QueueUpkeep:
         or nominated), then it goes, as Kueue's resource-in-use finalizer."""
         lqs = self.controller.local_queues
         admitted: set[QueueId] = set()
-        for t in admitted_tasks(self.controller):
-            admitted.add((None, t.queue))
-            if lqs.serves(t.queue, t.namespace, t.local_queue) is not None:
-                admitted.add((t.namespace, str(t.local_queue)))
+        groups = self.controller.scheduler.ledger.tallies  # admitted tasks by queue, namespace, local queue, flavor
+        for queue, namespace, local_queue, flavor in groups:
+            admitted.add((None, queue))
+            if lqs.serves(queue, namespace, local_queue) is not None:
+                admitted.add((namespace, str(local_queue)))
+            if flavor:
+                admitted.add((FLAVOR, flavor))
         queues: list[tuple[Resource, QueueId, tuple[str, ...], str, bool]] = [
             (GPUCLUSTERQUEUES, (None, name), m.finalizers, m.resource_version, m.terminating)
             for name, m in sorted(self.controller.inventory.queue_meta.items())
@@ -67,8 +69,6 @@ class QueueUpkeep:
             (GPULOCALQUEUES, (q.namespace, q.name), q.finalizers, q.resource_version, q.terminating)
             for _, q in sorted(self.controller.local_queues.queues.items())
         ]
-        flavors = {t.flavor for t in admitted_tasks(self.controller) if t.flavor}
-        admitted |= {(FLAVOR, f) for f in flavors}
         queues += [
             (GPURESOURCEFLAVORS, (FLAVOR, name), m.finalizers, m.resource_version, m.terminating)
             for name, m in sorted(self.controller.inventory.flavor_meta.items())
@@ -114,14 +114,6 @@ class QueueUpkeep:
                     log.warning("status patch of %s %s failed: %s", resource.plural, _name(qid), exc)
                 continue
             self._reports[qid] = seen
-
-
-def admitted_tasks(controller: Controller) -> Iterable[Task]:
-    """Tasks holding quota: running and nominated (placed, waiting for their victims to go)."""
-    scheduler = controller.scheduler
-    for entries in (scheduler.running.values(), scheduler.nominated.values()):
-        for entry in entries:
-            yield entry.task
 
 
 def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
@@ -199,17 +191,18 @@ def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]
     """The ``status`` of every GPULocalQueue: its tasks pending and admitted, the quota they use of its
     GPUClusterQueue (quantities) and an Active condition (False while its GPUClusterQueue cannot admit).
 
-    Counts one pass over the pending and admitted tasks, and only when some GPULocalQueue exists.
+    Counts from the core's tallies of pending and admitted tasks by queue, namespace and local queue: O(those
+    groups), not O(tasks); nothing when no GPULocalQueue exists.
     """
     index = controller.local_queues
     lqs = index.queues
     if not lqs:
         return {}
     pending: dict[tuple[str, str], int] = {}
-    for task in controller.scheduler.pending:
-        if index.serves(task.queue, task.namespace, task.local_queue) is not None:
-            where = (task.namespace, str(task.local_queue))
-            pending[where] = pending.get(where, 0) + 1
+    for (queue, namespace, local_queue), count in controller.scheduler.pending.count_by_group().items():
+        if index.serves(queue, namespace, local_queue) is not None:
+            where = (namespace, str(local_queue))
+            pending[where] = pending.get(where, 0) + count
     for where, lq in lqs.items():  # tasks it keeps waiting outside the queues: only while deleted or invalid
         if not lq.terminating and lq.error is None:
             continue  # (a scan of every task that ever named it, on every pass, would be O(tasks))
@@ -219,16 +212,14 @@ def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]
                 pending[where] = pending.get(where, 0) + 1
     admitted: dict[tuple[str, str], int] = {}
     usage: dict[tuple[str, str], dict[str, int]] = {}
-    scheduler = controller.scheduler
-    for entries in (scheduler.running.values(), scheduler.nominated.values()):
-        for entry in entries:
-            if index.serves(entry.task.queue, entry.task.namespace, entry.task.local_queue) is not None:
-                where = (entry.task.namespace, str(entry.task.local_queue))
-                admitted[where] = admitted.get(where, 0) + 1
-                used = usage.setdefault(where, {GPU: 0, GPU_MEMORY: 0})
-                for key, amount in entry.usage.items():
-                    resource = split_key(key)[0]
-                    used[resource] = used.get(resource, 0) + amount
+    for (queue, namespace, local_queue, _), tally in controller.scheduler.ledger.tallies.items():
+        if index.serves(queue, namespace, local_queue) is not None:
+            where = (namespace, str(local_queue))
+            admitted[where] = admitted.get(where, 0) + tally.running + tally.nominated
+            used = usage.setdefault(where, {GPU: 0, GPU_MEMORY: 0})
+            for key, amount in tally.usage.items():
+                resource = split_key(key)[0]
+                used[resource] = used.get(resource, 0) + amount
     queues = controller.scheduler.quotas.specs
     out: dict[QueueId, dict[str, Any]] = {}
     for where, lq in sorted(lqs.items()):
@@ -272,4 +263,4 @@ def _quantity(resource: str, amount: int) -> str:
 def _name(qid: QueueId) -> str:
     return qid[1] if qid[0] is None else f"{qid[0]}/{qid[1]}"
 
-__all__ = ["QueueUpkeep", "admitted_tasks", "local_queue_statuses", "queue_statuses"]
+__all__ = ["QueueUpkeep", "local_queue_statuses", "queue_statuses"]

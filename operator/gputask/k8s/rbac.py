@@ -49,7 +49,8 @@ from gputask.k8s.client import (
 
 CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 
-# Everything the operator rebuilds its state from and kopf keeps watching (handlers.REBUILD_ORDER),
+# Everything the operator rebuilds its state from and keeps watching (handlers.REBUILD_ORDER; GPUTasks and Jobs
+# through its own informers, the rest through kopf),
 # plus pods (foreign GPU use) and Kueue's LocalQueues (gputask mode) and Workloads (Kueue mode).
 WATCHED = (
     GPUTASKS,
@@ -103,7 +104,8 @@ def grants(rules: Iterable[Rule]) -> frozenset[Grant]:
 
 # The operator's ClusterRole (``gputask run``).
 OPERATOR: tuple[Rule, ...] = (
-    *(rule(res, "list", "watch", why="kopf watches it; the operator rebuilds its state from it") for res in WATCHED),
+    *(rule(res, "list", "watch", why="kopf or the operator's informers watch it; the operator rebuilds from it")
+      for res in WATCHED),
     rule(GPUTASKS, "get", why="re-read a task after a status patch conflicted"),
     rule(GPUTASKS, "patch", sub="status", why="phase, conditions, placement, attempt and jobName of each task"),
     rule(

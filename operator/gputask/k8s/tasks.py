@@ -15,6 +15,7 @@ call. The phases (DESIGN.md section 2):
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import time
@@ -91,6 +92,7 @@ class TaskRecord:
     revision_error: tuple[str, str] | None = None  # that edit is invalid: the task fails when requeued
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     flavor: str = ""  # the ResourceFlavor of its current admission ("" for a queue without resourceGroups)
+    whole_at: str | None = None  # the resourceVersion at which ``obj`` is the whole stored object (None: unsure)
 
     @property
     def namespace(self) -> str:
@@ -174,6 +176,7 @@ class Transitions:
         self.conflicts = 0  # status writes answered 409, retried after a fresh read
         self.skipped = 0  # status writes left out: the stored status already said the same
         self.unwritten: dict[TaskKey, Unwritten] = {}  # refused status writes, tried again by retry()
+        self._due: list[tuple[float, TaskKey]] = []  # heap of (retry_at, task) of those; outdated entries skipped
 
     # -- transitions -------------------------------------------------------------------------------
     async def admitted(
@@ -302,12 +305,16 @@ class Transitions:
             failures = (pending.failures if pending else 0) + 1
             retry_at = time.monotonic() + min(STATUS_RETRY_MAX_S, STATUS_RETRY_S * 2 ** (failures - 1))
             self.unwritten[record.key] = Unwritten(record, message, events[-MAX_KEPT_EVENTS:], failures, retry_at)
+            heapq.heappush(self._due, (retry_at, record.key))
 
     async def retry(self, now: float | None = None) -> None:
-        """Write again the statuses whose backoff has passed (``now``: monotonic seconds)."""
+        """Write again the statuses whose backoff has passed (``now``: monotonic seconds): only those due, not a
+        pass over every refused one."""
         now = time.monotonic() if now is None else now
-        for key, pending in list(self.unwritten.items()):
-            if pending.retry_at <= now and self.unwritten.get(key) is pending:  # not replaced meanwhile
+        while self._due and self._due[0][0] <= now:
+            at, key = heapq.heappop(self._due)
+            pending = self.unwritten.get(key)
+            if pending is not None and pending.retry_at == at:  # not written or replaced meanwhile
                 await self.publish(pending.record, pending.message)
 
     async def write_status(self, record: TaskRecord, message: str) -> str:
@@ -334,8 +341,12 @@ class Transitions:
             except ApiError as exc:
                 log.warning("status patch of %s failed: %s; tried again later", record.key, exc)
                 return REFUSED
-            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", meta.get("resourceVersion"))
+            sent = meta.get("resourceVersion")
+            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", sent)
             record.obj["status"] = stored.get("status", status)
+            # the write carried the version it changed (a conflict otherwise) and changes only the status: when
+            # obj was the whole object at that version, it is the whole object at the new one too
+            record.whole_at = meta["resourceVersion"] if sent is not None and record.whole_at == sent else None
             return WRITTEN
         log.warning("status patch of %s kept conflicting; tried again later", record.key)
         return REFUSED

