@@ -347,7 +347,8 @@ class KubeClient:
         guard: Guard | None,
     ) -> tuple[int, str, bytes]:
         """Send one request (a slot held): (status, reason, body). A connection that cannot be opened is tried
-        again (nothing was sent); a 401 is sent once more when the refresh hook gives another token."""
+        again (nothing was sent), unless TLS failed (a certificate the CA did not sign, a name it does not carry:
+        no retry mends that); a 401 is sent once more when the refresh hook gives another token."""
         session, attempt, renewed = self._http(), 0, False
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         while True:
@@ -359,6 +360,8 @@ class KubeClient:
                 async with session.request(method, self.configuration.host + path, params=params, data=data,
                                            headers=headers, timeout=timeout, **self._proxy) as response:
                     status, reason, payload = response.status, response.reason or "", await response.read()
+            except aiohttp.ClientConnectorCertificateError as exc:
+                raise ApiError(0, "Unreachable", str(exc)) from None  # no retry mends a certificate
             except aiohttp.ClientConnectorError as exc:  # not connected, so not sent: try again
                 attempt += 1
                 if attempt > self._retries:
