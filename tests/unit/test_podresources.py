@@ -161,6 +161,7 @@ def test_a_kubelet_stopping_mid_call_is_unavailable_then_missing_then_back(kubel
     client = client_of(kubelet)
     kubelet.stop_during_call = True
     cut = client.list()
+    kubelet.stopped.wait(10)  # the stop runs on the server's thread and may end after the cut call returns
     gone = client.list()
     kubelet.stop_during_call = False
     kubelet.start()

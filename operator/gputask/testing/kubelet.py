@@ -18,6 +18,7 @@ it answers is set on the object between calls:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -46,6 +47,7 @@ class FakeKubelet:
         self.calls = 0
         self._failure: tuple[grpc.StatusCode, str] | None = None
         self._server: grpc.Server | None = None
+        self.stopped = threading.Event()
 
     def start(self) -> FakeKubelet:
         """Listen on the socket (made anew) with ``mode``."""
@@ -63,13 +65,18 @@ class FakeKubelet:
         server.start()
         os.chmod(self.socket_path, self.mode)
         self._server = server
+        self.stopped.clear()
         return self
 
     def stop(self) -> None:
-        """Stop serving at once (calls in flight are cancelled) and remove the socket."""
+        """Stop serving at once (calls in flight are cancelled) and remove the socket; :attr:`stopped` is set
+        once both are done (a stop during a call runs on another thread: a test waits for it)."""
         if self._server is not None:
             self._server.stop(grace=None).wait(5)
             self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self.stopped.set()
 
     def __enter__(self) -> FakeKubelet:
         return self.start()
