@@ -58,6 +58,7 @@ class Failure:
     status: int
     message: str
     times: int
+    retry_after_s: float | None = None
 
     def matches(self, verb: str, res: Resource, name: str | None) -> bool:
         """True when this failure applies to the call."""
@@ -100,9 +101,11 @@ class FakeKubeClient:
         status: int = 500,
         message: str = "",
         times: int = 1,
+        retry_after_s: float | None = None,
     ) -> None:
-        """Make the next ``times`` ``verb`` calls (``*`` = any verb) on ``plural``/``name`` raise ``status``."""
-        self.failures.append(Failure(verb, plural, name, status, message, times))
+        """Make the next ``times`` ``verb`` calls (``*`` = any verb) on ``plural``/``name`` raise ``status``
+        (with the Retry-After the server asked for, when given)."""
+        self.failures.append(Failure(verb, plural, name, status, message, times, retry_after_s))
 
     def put(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Store an object as if it had been created (status included); no call is recorded."""
@@ -260,7 +263,8 @@ class FakeKubeClient:
             if failure.matches(verb.removesuffix("-status"), res, name) or failure.matches(verb, res, name):
                 failure.times -= 1
                 message = failure.message or f'{_qualified(res)} "{name}" is refused (injected {failure.status})'
-                raise ApiError(failure.status, REASONS.get(failure.status, "Unknown"), message)
+                raise ApiError(failure.status, REASONS.get(failure.status, "Unknown"), message,
+                               retry_after_s=failure.retry_after_s)
 
     def _live(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         found = self.objects.get((res.group, res.plural, namespace if res.namespaced else None, name))
