@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from gputask.k8s.client import (
     Listed,
     NotFound,
 )
+from gputask.k8s.informer import Informer
 from gputask.k8s.leader import LeaderElector
 from gputask.testing.emulator import EXPIRED_CONTINUE
 from harness import Cluster
@@ -158,6 +160,46 @@ async def test_a_watch_that_allows_bookmarks_gets_one_before_its_timeout(cluster
     bookmark = {"type": "BOOKMARK", "object": {"kind": "GPUTask", "apiVersion": "gputask.io/v1alpha1",
                                                "metadata": {"resourceVersion": latest}}}
     assert (with_bookmarks, without) == ([bookmark], [])
+
+
+class Recorder:
+    """A sink that keeps (type, name) per event and each listing's names."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.listings: list[list[str]] = []
+
+    async def apply(self, events: list[dict[str, Any]]) -> None:
+        self.events += [(e["type"], e["object"]["metadata"]["name"]) for e in events]
+
+    async def replace(self, listed: Listed) -> None:
+        self.listings.append([o["metadata"]["name"] for o in listed.items])
+
+
+async def test_a_bookmark_lets_a_watch_resume_after_compaction_without_listing_again(cluster: Cluster) -> None:
+    """The informer takes a bookmark's resourceVersion, so the watch it opens again after the server ended the
+    first (timeoutSeconds) resumes past a compaction instead of getting 410 and listing everything again."""
+    opened: list[str] = []
+    client = cluster.client
+    watch = client.watch
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        opened.append(kwargs["resource_version"])
+        return watch(*args, **kwargs)
+
+    client.watch = counted  # type: ignore[method-assign]  # count the watches the informer opens
+    sink = Recorder()
+    informer = Informer(client, GPUTASKS, sink, namespace="ns", timeout_s=3)
+    informer.start((await client.list_versioned(GPUTASKS, "ns")).resource_version)
+    await until(lambda: len(opened) == 1)
+    await client.create(JOBS, job("j"), "ns")  # the store's version moves on; no task changes
+    await until(lambda: informer.resource_version == str(cluster.server.emulator.resource_version))
+    cluster.server.emulator.compact()
+    await until(lambda: len(opened) == 2)
+    await client.create(GPUTASKS, task("t"), "ns")
+    await until(lambda: bool(sink.events))
+    await informer.stop()
+    assert (sink.events, sink.listings, informer.relists) == ([("ADDED", "t")], [], 0)
 
 
 def watch_stream(*writes: bytes, then_drop: bool = False) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -416,6 +458,60 @@ async def test_a_load_balancers_html_page_reaches_the_caller_as_an_api_error() -
 
 
 # -- the informer's failures ----------------------------------------------------------------------------------------
+
+
+async def test_a_watch_refused_in_several_ways_is_logged_once_per_way(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watches refused 403 three times, then 429, then served: one warning per kind of refusal, one note that it
+    works again, and the events that follow arrive (no silent stop)."""
+    from gputask.k8s import informer as informer_module
+
+    monkeypatch.setattr(informer_module, "RETRY_S", 0.01)
+    emulator = cluster.server.emulator
+    emulator.inject("GET", "/gputasks", 403, times=3, message='gputasks.gputask.io is forbidden: User '
+                    '"system:serviceaccount:gputask:gputask" cannot watch resource "gputasks"')
+    emulator.inject("GET", "/gputasks", 429, times=1, retry_after=0)
+    sink = Recorder()
+    caplog.set_level(logging.DEBUG, logger="gputask.informer")
+    informer = Informer(cluster.client, GPUTASKS, sink, namespace="ns")
+    informer.start(str(emulator.resource_version))
+    await cluster.client.create(GPUTASKS, task("t"), "ns")
+    await until(lambda: bool(sink.events))
+    await informer.stop()
+    logged = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records if r.levelno >= logging.INFO]
+    assert (logged, sink.events, informer.failures) == (
+        [("WARNING", "watch of gputasks failed"), ("WARNING", "watch of gputasks failed"),
+         ("INFO", "watch of gputasks works again")], [("ADDED", "t")], 4)
+
+
+async def test_a_sink_that_fails_is_logged_and_the_informer_lists_again(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink that raises (a bug downstream) does not end the informer: the failure is logged with its traceback,
+    the informer lists again (the batch may be half applied) and goes on watching."""
+    from gputask.k8s import informer as informer_module
+
+    monkeypatch.setattr(informer_module, "RETRY_S", 0.01)
+
+    class Failing(Recorder):
+        async def apply(self, events: list[dict[str, Any]]) -> None:
+            if not self.listings:
+                raise KeyError("metadata")
+            await super().apply(events)
+
+    sink = Failing()
+    informer = Informer(cluster.client, GPUTASKS, sink, namespace="ns")
+    informer.start(str(cluster.server.emulator.resource_version))
+    await cluster.client.create(GPUTASKS, task("a"), "ns")
+    await until(lambda: bool(sink.listings))
+    await cluster.client.create(GPUTASKS, task("b"), "ns")
+    await until(lambda: bool(sink.events))
+    await informer.stop()
+    tracebacks = [r.exc_info is not None for r in caplog.records if r.name == "gputask.informer"
+                  and r.levelno == logging.ERROR]
+    assert (sink.listings, sink.events, informer.relists, tracebacks) == ([["a"]], [("ADDED", "b")], 1, [True])
+
 
 
 # -- item 5: connections --------------------------------------------------------------------------------------------
