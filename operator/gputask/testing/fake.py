@@ -87,7 +87,9 @@ class FakeKubeClient:
         self.failures: list[Failure] = []
         self._rv = itertools.count(1)
         self.latest = 0  # the last resourceVersion given out
-        self.history: list[tuple[int, Key, str, dict[str, Any]]] = []  # (resourceVersion, key, type, object)
+        # (resourceVersion, key, type, object, the object's previous state or None)
+        self.history: list[tuple[int, Key, str, dict[str, Any], dict[str, Any] | None]] = []
+        self._last: dict[Key, dict[str, Any]] = {}  # each live object's last recorded state
         self.compacted = 0  # the resourceVersion up to which history was dropped (older watches get 410)
         self._changed = asyncio.Event()  # set (and replaced) at each change: watches wait on it
 
@@ -127,7 +129,11 @@ class FakeKubeClient:
         return str(self.latest)
 
     def _record(self, key: Key, etype: str, obj: dict[str, Any]) -> None:
-        self.history.append((int(obj["metadata"]["resourceVersion"]), key, etype, copy.deepcopy(obj)))
+        state = copy.deepcopy(obj)
+        old = self._last.pop(key, None) if etype == "DELETED" else self._last.get(key)
+        if etype != "DELETED":
+            self._last[key] = state
+        self.history.append((int(obj["metadata"]["resourceVersion"]), key, etype, state, old))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -174,9 +180,9 @@ class FakeKubeClient:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             changed = self._changed
-            batch = [{"type": etype, "object": copy.deepcopy(obj)} for rv, key, etype, obj in self.history
+            batch = [{"type": seen, "object": copy.deepcopy(obj)} for rv, key, etype, obj, old in self.history
                      if rv > since and key[:2] == (res.group, res.plural) and namespace in (None, key[2])
-                     and _labels_match(obj, labels)]
+                     and (seen := _seen_as(etype, obj, old, labels)) is not None]
             if batch:
                 since = int(batch[-1]["object"]["metadata"]["resourceVersion"])
                 yield batch
@@ -335,6 +341,18 @@ def _immutable(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj["metadata"]
     keep = ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion", "deletionTimestamp")
     return {k: meta[k] for k in keep if k in meta}
+
+
+def _seen_as(etype: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None, labels: str | None) -> str | None:
+    """The type a watch with label selector ``labels`` sees an event as, None when it does not see it: as the API
+    server does, a change that makes an object match is ADDED and one that makes it stop matching is DELETED (the
+    watch cache's filter, k8s.io/apiserver/pkg/storage/cacher, cacheWatcher.convertToWatchEvent)."""
+    now, was = _labels_match(obj, labels), old is not None and _labels_match(old, labels)
+    if etype == "MODIFIED" and now != was:
+        return "ADDED" if now else "DELETED"
+    if etype == "DELETED":
+        return etype if was or (old is None and now) else None
+    return etype if now else None
 
 
 def _labels_match(obj: Mapping[str, Any], selector: str | None) -> bool:
