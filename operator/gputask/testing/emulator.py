@@ -374,8 +374,8 @@ class GpuTaskEmulator(KubernetesEmulator):
         if 0 < limit == len(items) and any(matches(obj) for obj in rest):
             meta["continue"] = _encode_continue(snapshot, items[-1][0])
             if not (request.params.get("labelSelector") or request.params.get("fieldSelector")):  # as the API server
-                meta["remainingItemCount"] = sum(namespace in (None, k[1]) and state(k) is not None
-                                                 for k in itertools.islice(keys, at, None))
+                meta["remainingItemCount"] = sum(namespace in (None, k[1]) and (not then or state(k) is not None)
+                                                 for k in itertools.islice(keys, at, None))  # live keys: no lookup
         body = {
             "kind": f"{info.kind}List",
             "apiVersion": group_version(res),
