@@ -166,3 +166,24 @@ async def test_the_echo_of_our_own_status_write_is_recognised_and_nothing_else_i
     stored = {o["metadata"]["name"]: o for o in parts.client.all(GPUTASKS, "ns")}
     conflicts = parts.executor.transitions.conflicts
     assert [parts.controller.is_echo(o) for o in (echo, edited, stored["u"])] + [conflicts] == [True, False, False, 1]
+
+
+async def test_an_object_leaving_or_entering_the_label_selector_is_deleted_or_added() -> None:
+    """As the API server does for a watch with a label selector, a Job whose label is removed reaches the informer
+    as DELETED and one that gets it back as ADDED; a change to an object that never matched is not seen."""
+    client, sink = FakeKubeClient(), Recorder()
+    labelled = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "j", "namespace": "ns", "labels": {"gputask.io/task": "t"}}}
+    informer = Informer(client, JOBS, sink, labels="gputask.io/task")
+    informer.start((await client.list_versioned(JOBS, labels="gputask.io/task")).resource_version)
+    await client.create(JOBS, labelled, "ns")
+    await client.create(JOBS, {**labelled, "metadata": {"name": "other", "namespace": "ns"}}, "ns")
+    await client.patch(JOBS, "other", {"metadata": {"annotations": {"a": "b"}}}, "ns")
+    await client.patch(JOBS, "j", {"metadata": {"labels": {"gputask.io/task": None}}}, "ns")
+    await client.patch(JOBS, "j", {"metadata": {"labels": {"gputask.io/task": "t"}}}, "ns")
+    await client.delete(JOBS, "other", "ns")
+    await until(lambda: len(sink.events) == 3)
+    await client.delete(JOBS, "j", "ns")
+    await until(lambda: len(sink.events) == 4)
+    await informer.stop()
+    assert sink.events == [("ADDED", "j"), ("DELETED", "j"), ("ADDED", "j"), ("DELETED", "j")]

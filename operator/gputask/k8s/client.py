@@ -8,7 +8,7 @@ second instance with connections of its own, so it never waits behind scheduling
 
 Errors::
 
-    ApiError                 an API call failed (``status``: HTTP code, 0 = unreachable)
+    ApiError                 an API call failed (``status``: HTTP code, 0 = unreachable; ``retry_after_s``, ``causes``)
     ├── NotFound             404
     ├── Expired              410: a watch's resourceVersion is older than the server keeps (list again)
     ├── AlreadyExists        409 on create: an object of that name exists
@@ -17,13 +17,22 @@ Errors::
 
 Writes carry ``fieldManager`` (``gputask-operator``, ``gputask-agent``) and the client sends a
 User-Agent of the same name, so managedFields name the writer instead of ``OpenAPI-Generator``.
+
+Throttling is answered as client-go's rest client answers it (k8s.io/client-go/rest/request.go,
+``checkWait``/``retryAfterSeconds``): a 429, or any 5xx, that carries a ``Retry-After`` header is sent again
+after that many seconds, at most :data:`THROTTLE_RETRIES` times (client-go: 10) and never past the request's
+timeout in all. API Priority and Fairness and the max-in-flight filter reject with 429, ``Retry-After`` and a
+text/plain body ("Too many requests, please try again later.", k8s.io/apiserver/pkg/server/filters/maxinflight.go):
+the request was never served, so sending it again is safe whatever its verb.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -37,19 +46,33 @@ from kubernetes.client.rest import should_bypass_proxies
 
 from gputask import __version__
 
+log = logging.getLogger("gputask.client")
+
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long fails (ApiError 0 Unreachable) instead of holding a thread
 AUTH_REFRESH_S = 10.0  # the configuration's token refresh hook runs at most this often (and after a 401)
 PAGE_SIZE = 500  # objects per LIST page (client-go's reflector pages by 500 too)
 WATCH_TIMEOUT_S = 300  # a watch asks the server to end it after this long (it is then resumed), as kopf's do
+THROTTLE_RETRIES = 10  # a request answered 429 (or 5xx) with Retry-After is sent again this often (client-go: 10)
+RETRY_AFTER_MIN_S = 1.0  # a Retry-After of 0 still waits this long (no burst of retries at a throttled server)
+RETRY_AFTER_MAX_S = 30.0  # a longer Retry-After is waited this long at most
+BODY_SNIPPET = 200  # characters of a body that is no Kubernetes Status kept in an ApiError's message
 
 
 class ApiError(Exception):
-    """An API call failed; ``status`` is the HTTP code (0 when the server was unreachable)."""
+    """An API call failed; ``status`` is the HTTP code (0 when the server was unreachable), ``reason`` the Status
+    reason (``NotFound``, ``Invalid``, ``TooManyRequests``, ...), ``message`` what the server said;
+    ``retry_after_s`` the seconds the server asked to wait (``Retry-After``, else ``details.retryAfterSeconds``;
+    None when it said nothing), ``causes`` the Status's ``details.causes`` (field errors of a 422: each a dict with
+    ``reason``, ``message``, ``field``)."""
 
-    def __init__(self, status: int, reason: str, message: str = "") -> None:
+    def __init__(
+        self, status: int, reason: str, message: str = "", *, retry_after_s: float | None = None,
+        causes: tuple[dict[str, Any], ...] = (),
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
+        self.retry_after_s, self.causes = retry_after_s, causes
 
 
 class NotFound(ApiError):
@@ -333,9 +356,10 @@ class KubeClient:
             params.append(("fieldManager", self.field_manager))
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         async with self._limit:
-            status, reason, payload = await self._exchange(method, path, params, data, content_type, guard)
+            status, reason, payload, retry_after = await self._exchange(method, path, params, data, content_type,
+                                                                        guard)
         if status >= 400:
-            raise _error(status, reason, payload, method)
+            raise _error(status, reason, payload, method, retry_after)
         try:
             result = json.loads(payload) if payload else {}
         except ValueError:
@@ -345,11 +369,13 @@ class KubeClient:
     async def _exchange(
         self, method: str, path: str, params: list[tuple[str, str]], data: bytes | None, content_type: str,
         guard: Guard | None,
-    ) -> tuple[int, str, bytes]:
-        """Send one request (a slot held): (status, reason, body). A connection that cannot be opened is tried
-        again (nothing was sent), unless TLS failed (a certificate the CA did not sign, a name it does not carry:
-        no retry mends that); a 401 is sent once more when the refresh hook gives another token."""
-        session, attempt, renewed = self._http(), 0, False
+    ) -> tuple[int, str, bytes, str | None]:
+        """Send one request (a slot held): (status, reason, body, its Retry-After header). A connection that cannot
+        be opened is tried again (nothing was sent), unless TLS failed (a certificate the CA did not sign, a name it
+        does not carry: no retry mends that); a 401 is sent once more when the refresh hook gives another token; a
+        429 or 5xx with Retry-After is sent again after that wait (:func:`_throttle_wait_s`), the slot kept (the
+        server asked for fewer requests), the guard asked again before each send."""
+        session, attempt, renewed, throttled, waited = self._http(), 0, False, 0, 0.0
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         while True:
             auth = self._auth()
@@ -360,6 +386,7 @@ class KubeClient:
                 async with session.request(method, self.configuration.host + path, params=params, data=data,
                                            headers=headers, timeout=timeout, **self._proxy) as response:
                     status, reason, payload = response.status, response.reason or "", await response.read()
+                    retry_after = response.headers.get("Retry-After")
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise ApiError(0, "Unreachable", str(exc)) from None  # no retry mends a certificate
             except aiohttp.ClientConnectorError as exc:  # not connected, so not sent: try again
@@ -367,13 +394,28 @@ class KubeClient:
                 if attempt > self._retries:
                     raise ApiError(0, "Unreachable", str(exc)) from None
                 continue
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # A kept-alive connection the server (or a load balancer's idle timeout) closed: a GET is sent again
+                # on a new one, as client-go does for a connection reset or EOF on GET only; a write may have been
+                # served, so it fails (its caller knows whether sending it again is safe).
+                attempt += 1
+                if method != "GET" or attempt > self._retries:
+                    raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from None
+                continue
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from None
             if status == 401 and not renewed:  # the token may have rotated: ask the hook now
                 renewed = True
                 if self._auth(fresh=True) != auth:
                     continue
-            return status, reason, payload
+            wait = _throttle_wait_s(status, retry_after)
+            if wait is not None and throttled < THROTTLE_RETRIES and waited + wait <= self.timeout_s:
+                throttled, waited = throttled + 1, waited + wait
+                log.debug("%s %s answered %d with Retry-After %s: sent again in %gs", method, path, status,
+                          retry_after, wait)
+                await asyncio.sleep(wait)
+                continue
+            return status, reason, payload, retry_after
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         """GET one object."""
@@ -393,13 +435,28 @@ class KubeClient:
         self, res: Resource, namespace: str | None = None, *, labels: str | None = None
     ) -> Listed:
         """LIST every object in pages of :data:`PAGE_SIZE` (``limit``/``continue``: one snapshot, as the API server
-        serves a paginated list), with the first page's resourceVersion. Expired when a continue token outlived
-        the server's window (list again)."""
+        serves a paginated list), with the list's resourceVersion (every page carries the first page's).
+
+        A continue token that outlived the server's window (410 Expired on a later page: etcd compacted the
+        snapshot's revision, 5 minutes by default) is neither retried nor followed with the "inconsistent" token
+        its Status offers: the list is read again whole, without ``limit``, as client-go's pager does
+        (k8s.io/client-go/tools/pager/pager.go, ``FullListIfExpired``), so the result is always one consistent
+        snapshot. Expired on the first page, or any other failure, is raised."""
         items: list[dict[str, Any]] = []
-        query = {"limit": str(PAGE_SIZE), **({"labelSelector": labels} if labels else {})}
+        selector = {"labelSelector": labels} if labels else {}
+        query = {"limit": str(PAGE_SIZE), **selector}
         version = ""
         while True:
-            page = await self._call("GET", res.path(namespace), query=query)
+            try:
+                page = await self._call("GET", res.path(namespace), query=query)
+            except Expired as exc:
+                if "continue" not in query:
+                    raise
+                log.info("the continue token of a paged LIST of %s expired (%s); listing it whole", res.plural,
+                         exc.message)
+                whole = await self._call("GET", res.path(namespace), query=selector or None)
+                meta = whole.get("metadata") or {}
+                return Listed(list(whole.get("items") or []), str(meta.get("resourceVersion") or ""))
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
@@ -427,18 +484,23 @@ class KubeClient:
             async with self._http().get(self.configuration.host + path, params=params, timeout=timeout,
                                         headers=self._headers(), **self._proxy) as response:
                 if response.status >= 400:
-                    raise _error(response.status, response.reason or "", await response.read(), "WATCH")
+                    raise _error(response.status, response.reason or "", await response.read(), "WATCH",
+                                 response.headers.get("Retry-After"))
                 pending = b""
                 async for chunk in response.content.iter_any():
                     *lines, pending = (pending + chunk).split(b"\n")
                     events = [json.loads(line) for line in lines if line.strip()]
-                    failed = next((e for e in events if e.get("type") == "ERROR"), None)
-                    if failed is not None:
-                        if events[: events.index(failed)]:
-                            yield events[: events.index(failed)]
+                    at = next((i for i, e in enumerate(events) if not isinstance(e, dict) or e.get("type") == "ERROR"),
+                              None)
+                    if at is not None:
+                        if events[:at]:
+                            yield events[:at]
+                        failed = events[at]
+                        if not isinstance(failed, dict):
+                            raise ValueError(f"a watch event that is no object: {str(failed)[:BODY_SNIPPET]}")
                         status = failed.get("object") or {}
-                        raise _error(int(status.get("code") or 0), str(status.get("reason") or ""),
-                                     json.dumps(status).encode(), "WATCH")
+                        code = status.get("code") if isinstance(status, dict) else None
+                        raise _error(code if isinstance(code, int) else 0, "", json.dumps(status).encode(), "WATCH")
                     if events:
                         yield events
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
@@ -536,20 +598,80 @@ def _proxy(configuration: k8s_client.Configuration) -> dict[str, Any]:
     return extra
 
 
-def _error(status: int, http_reason: str, body: Any, method: str) -> ApiError:
+# What client-go makes of an error answer whose body is no Kubernetes Status (a load balancer's HTML page, the
+# max-in-flight/APF filter's text/plain 429): a reason and message by code, as NewGenericServerResponse does
+# (k8s.io/apimachinery/pkg/api/errors/errors.go); here the start of the body follows the message.
+GENERIC_REASONS: dict[int, tuple[str, str]] = {
+    400: ("BadRequest", "the server rejected our request for an unknown reason"),
+    401: ("Unauthorized", "the server has asked for the client to provide credentials"),
+    403: ("Forbidden", "the server does not allow access to the requested resource"),
+    404: ("NotFound", "the server could not find the requested resource"),
+    405: ("MethodNotAllowed", "the server does not allow this method on the requested resource"),
+    409: ("Conflict", "the server reported a conflict"),
+    410: ("Expired", "the server no longer has that version"),
+    413: ("RequestEntityTooLarge", "the request body is larger than the server accepts"),
+    415: ("UnsupportedMediaType", "the server does not accept the body's content type"),
+    422: ("Invalid", "the server rejected our request due to an error in our request"),
+    429: ("TooManyRequests", "the server has received too many requests and has asked us to try again later"),
+    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+    504: ("Timeout", "the server was unable to return a response in the time allotted, but may still be processing "
+                    "the request"),
+}
+
+
+def _throttle_wait_s(status: int, retry_after: str | None) -> float | None:
+    """Seconds to wait before sending again a request answered ``status`` with header ``retry_after``; None when it
+    is not to be sent again. As client-go's ``checkWait``: only a 429 or a 5xx, only with a Retry-After in whole
+    seconds; here at least :data:`RETRY_AFTER_MIN_S`, at most :data:`RETRY_AFTER_MAX_S`."""
+    if status != 429 and status < 500:
+        return None
+    seconds = _seconds(retry_after)
+    return None if seconds is None else min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, seconds))
+
+
+def _seconds(value: Any) -> float | None:
+    """A Retry-After in whole seconds (header text or a number); None when there is none or it is no number (an
+    HTTP date: the API server never sends one)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if value >= 0 else None
+    text = str(value or "").strip()
+    return float(text) if text.isdigit() else None
+
+
+def _error(status: int, http_reason: str, body: Any, method: str, retry_after: str | None = None) -> ApiError:
+    """The ApiError of an answer: from its metav1 Status (reason, message, details.causes, details.retryAfterSeconds)
+    when the body is one; else client-go's reason and message for the code followed by the start of the body (HTML
+    tags dropped), whatever it is: HTML, text, JSON of another shape, bytes that are no UTF-8. Never raises."""
+    raw = body if isinstance(body, bytes) else str(body or "").encode()
     try:
-        detail = json.loads(body or "{}")
+        detail = json.loads(raw or b"null")
     except (TypeError, ValueError):
-        detail = {}
-    if not isinstance(detail, dict):
-        detail = {}
-    reason = str(detail.get("reason") or http_reason)
-    message = str(detail.get("message") or (body.decode(errors="replace") if isinstance(body, bytes) else body) or "")
+        detail = None
+    if isinstance(detail, dict) and (detail.get("kind") == "Status" or isinstance(detail.get("code"), int)):
+        reason = str(detail.get("reason") or GENERIC_REASONS.get(status, (http_reason,))[0] or http_reason)
+        message = str(detail.get("message") or "")
+        found = detail.get("details")
+        details: dict[str, Any] = found if isinstance(found, dict) else {}
+    else:
+        reason, said = GENERIC_REASONS.get(status, ("InternalError" if status >= 500 else (http_reason or "Unknown"),
+                                                    "an error on the server has prevented the request from "
+                                                    "succeeding" if status >= 500 else ""))
+        text = " ".join(re.sub(r"<[^>]*>", " ", raw.decode("utf-8", errors="replace")).split())
+        snippet = text[:BODY_SNIPPET] + ("..." if len(text) > BODY_SNIPPET else "")
+        message = "; ".join(p for p in (said, f"{status} {http_reason} with a body that is no Status: {snippet}"
+                                        if snippet else "") if p)
+        details = {}
+    causes = tuple(c for c in details.get("causes") or () if isinstance(c, dict))
+    wait = _seconds(retry_after)
+    if wait is None:
+        wait = _seconds(details.get("retryAfterSeconds"))
     if status == 404:
-        return NotFound(status, reason, message)
+        return NotFound(status, reason, message, retry_after_s=wait, causes=causes)
     if status == 410:
-        return Expired(status, reason, message)
+        return Expired(status, reason, message, retry_after_s=wait, causes=causes)
     if status == 409:
         cls = AlreadyExists if method == "POST" or reason == "AlreadyExists" else Conflict
-        return cls(status, reason, message)
-    return ApiError(status, reason, message)
+        return cls(status, reason, message, retry_after_s=wait, causes=causes)
+    return ApiError(status, reason, message, retry_after_s=wait, causes=causes)

@@ -18,8 +18,18 @@ The rules are client-go's reflector's:
 - 410 Gone/Expired (that resourceVersion is older than the server keeps): LIST again and hand over the
   whole listing (:meth:`Sink.replace`): the consumer compares it with what it knows, as an informer's
   ``Replace`` does (objects missing from it were deleted meanwhile), and the watch goes on from the new list;
-- any other failure (connection lost, 5xx, 403) is retried from the same resourceVersion after a backoff of
-  1 s doubling to 30 s, and logged; the stream never stops for good while the informer runs.
+- any other failure (connection lost, 5xx, 401, 403, 404, 429) is retried from the same resourceVersion after a
+  backoff of 1 s doubling to 30 s, or the server's Retry-After when that is longer (a 429 from API Priority and
+  Fairness), and logged once per kind of failure (status and reason; the repeats at debug level, the recovery
+  at info), so a cluster that refuses for an hour fills no log; the stream never stops for good while the
+  informer runs;
+- a sink that fails (a bug in what the events feed) is logged with its traceback and the informer lists again
+  after the backoff: the events of that batch may be half applied, and only a new listing makes the consumer
+  whole again (client-go's handlers cannot fail; ours can, and must not end the stream in silence).
+
+A BOOKMARK (``allowWatchBookmarks``, its object carrying only ``metadata.resourceVersion``: "all changes up to
+here were sent", https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks) only moves the
+resourceVersion on: a watch resumed from there is far less likely to be answered 410 after a quiet spell.
 """
 
 from __future__ import annotations
@@ -77,6 +87,8 @@ class Informer:
         self.resource_version = ""
         self.relists = 0  # LISTs after a 410 (a gap in the watch)
         self.events = 0  # events handed over (bookmarks not counted)
+        self.failures = 0  # watches and listings that failed, in all
+        self._failing: tuple[str, int, str] | None = None  # the kind of failure last logged (what, status, reason)
         self._task: asyncio.Task[None] | None = None
 
     def start(self, resource_version: str) -> None:
@@ -99,28 +111,57 @@ class Informer:
             log.error("the %s informer had failed", self.resource.plural, exc_info=task.exception())
 
     async def _run(self) -> None:
-        failures = 0
+        failures, stale = 0, False  # stale: the sink must be handed a new listing before the next watch
         while True:
             started, seen = time.monotonic(), self.events
             try:
+                if stale:
+                    await self._relist()
+                    stale = False
                 await self._watch()
             except Expired as exc:
                 log.info("watch of %s expired at resourceVersion %s (%s); listing again", self.resource.plural,
                          self.resource_version, exc.message)
-                await self._relist()
-                failures = 0
+                stale, failures = True, 0
                 continue
             except ApiError as exc:
                 failures += 1
-                log.warning("watch of %s failed (%s); again from resourceVersion %s in %gs", self.resource.plural,
-                            exc, self.resource_version, _backoff_s(failures))
+                await self._failed("watch", exc, failures)
+                continue
+            except Exception:  # the sink failed: a bug downstream; never end the stream in silence
+                failures += 1
+                log.exception("feeding %s to the operator failed; listing again in %gs", self.resource.plural,
+                              _backoff_s(failures))
+                stale = True
                 await asyncio.sleep(_backoff_s(failures))
                 continue
+            self._recovered()
             if self.events == seen and time.monotonic() - started < SHORT_WATCH_S:
                 failures += 1
                 await asyncio.sleep(_backoff_s(failures))
             else:
                 failures = 0
+
+    async def _failed(self, what: str, exc: ApiError, failures: int) -> None:
+        """Log a failed watch or listing (once per kind of failure in a row) and wait: the backoff, or the
+        server's Retry-After when longer (at most :data:`RETRY_MAX_S`)."""
+        self.failures += 1
+        wait = _backoff_s(failures)
+        if exc.retry_after_s is not None:
+            wait = min(RETRY_MAX_S, max(wait, exc.retry_after_s))
+        kind = (what, exc.status, exc.reason)
+        if kind != self._failing:
+            self._failing = kind
+            log.warning("%s of %s failed (%s); again from resourceVersion %s in %gs (repeats of this failure are "
+                        "logged at debug level)", what, self.resource.plural, exc, self.resource_version or "-", wait)
+        else:
+            log.debug("%s of %s failed again (%s); again in %gs", what, self.resource.plural, exc, wait)
+        await asyncio.sleep(wait)
+
+    def _recovered(self) -> None:
+        if self._failing is not None:
+            log.info("%s of %s works again", self._failing[0], self.resource.plural)
+            self._failing = None
 
     async def _watch(self) -> None:
         """One watch request, from the current resourceVersion until the server ends it."""
@@ -135,6 +176,8 @@ class Informer:
                         self.resource_version = str(version)
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         events.append(event)
+                if self._failing is not None:
+                    self._recovered()
                 if events:
                     self.events += len(events)
                     await self.sink.apply(events)
@@ -151,8 +194,8 @@ class Informer:
                 break
             except ApiError as exc:
                 failures += 1
-                log.warning("listing %s failed (%s); again in %gs", self.resource.plural, exc, _backoff_s(failures))
-                await asyncio.sleep(_backoff_s(failures))
+                await self._failed("listing", exc, failures)
+        self._recovered()
         self.relists += 1
         await self.sink.replace(listed)
         self.resource_version = listed.resource_version

@@ -12,6 +12,8 @@ controllers, no RBAC).
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import bisect
 import collections
 import copy
@@ -55,6 +57,14 @@ from gputask.testing._store import (
     not_found,
 )
 
+BOOKMARK_S = 60.0  # an open watch that asked for bookmarks gets one this often (the watch cache's bookmarkFrequency)
+BOOKMARK_BEFORE_END_S = 2.0  # ... and one this long before its timeoutSeconds ends it (cacher: deadline - 2 s)
+THROTTLED = "Too many requests, please try again later.\n"  # APF's and max-in-flight's 429 body (text/plain)
+EXPIRED_CONTINUE = (  # k8s.io/apiserver/pkg/storage/etcd3/store.go, compactedContinue
+    "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+    "without the continue parameter, or use the continue token in this response to retrieve the remainder of the "
+    "results. Continuing with the provided token results in an inconsistent list - objects that were created, "
+    "modified, or deleted between the time the first chunk was returned and now may show up in the list.")
 RECORDS_SIZE = 1  # requests kept in kmock's records: its dispatch filters them all for every reaction, every request
 ANSWERS = 10_000  # writes kept in GpuTaskEmulator.answers
 DISPATCH_S = 5.0  # requests in flight for less than this stay in kmock's records (their reaction is being found)
@@ -69,6 +79,7 @@ class Injection:
     status: int
     times: int
     message: str = ""
+    retry_after: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,19 +164,34 @@ class GpuTaskEmulator(KubernetesEmulator):
 
     # -- HTTP plumbing ------------------------------------------------------------------------
 
-    def inject(self, method: str, path_part: str, status: int, *, times: int = 1, message: str = "") -> None:
+    def inject(
+        self, method: str, path_part: str, status: int, *, times: int = 1, message: str = "",
+        retry_after: int | None = None,
+    ) -> None:
         """Answer the next ``times`` ``method`` requests whose path contains ``path_part`` with ``status``
-        (a metav1 Status as the API server sends it: 409 Conflict, 500 InternalError, ...)."""
-        self.injected.append(Injection(method.upper(), path_part, status, times, message))
+        (a metav1 Status as the API server sends it: 409 Conflict, 500 InternalError, ...).
+
+        429 is answered as API Priority and Fairness (and the max-in-flight filter) reject a request before
+        serving it: ``Retry-After`` (``retry_after`` seconds, 1 unless given) and a text/plain body, no Status
+        (k8s.io/apiserver/pkg/server/filters/maxinflight.go, ``tooManyRequests``). ``retry_after`` on another
+        status adds the header and ``details.retryAfterSeconds``, as the API server writes a Status that has them
+        (a 500 ServerTimeout, a 503 while it starts up)."""
+        self.injected.append(Injection(method.upper(), path_part, status, times, message, retry_after))
 
     def _injected(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:
         for injection in self.injected:
             if injection.times > 0 and injection.method == raw_request.method and injection.path in raw_request.path:
                 injection.times -= 1
+                if injection.status == 429 and not injection.message:
+                    wait = 1 if injection.retry_after is None else injection.retry_after
+                    return aiohttp.web.Response(status=429, text=THROTTLED, headers={"Retry-After": str(wait)})
                 reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests",
-                          403: "Forbidden"}.get(injection.status, "Unknown")
-                body = _http.status_body(injection.status, reason, injection.message or f"injected {injection.status}")
-                return aiohttp.web.json_response(body, status=injection.status)
+                          403: "Forbidden", 504: "Timeout"}.get(injection.status, "Unknown")
+                extra = {"retryAfterSeconds": injection.retry_after} if injection.retry_after is not None else None
+                body = _http.status_body(injection.status, reason, injection.message or f"injected {injection.status}",
+                                         extra)
+                headers = {"Retry-After": str(injection.retry_after)} if injection.retry_after is not None else None
+                return aiohttp.web.json_response(body, status=injection.status, headers=headers)
         return None
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
@@ -307,25 +333,49 @@ class GpuTaskEmulator(KubernetesEmulator):
         return make_matcher(labels, fields)
 
     async def _serve_list(self, request: Request) -> Response:
+        """LIST, in pages when ``limit`` is given, as the API server serves it from etcd: every page is read from the
+        snapshot at the first page's resourceVersion (which every page carries), so a paged list is one consistent
+        state however the objects change meanwhile; the continue token names that version. A token older than the
+        kept history (the API server: etcd compacted that revision, 5 minutes by default) is answered 410 Expired
+        with the message and the "inconsistent" continue token the API server offers (k8s.io/apiserver storage,
+        etcd3 ``compactedContinue``; https://kubernetes.io/docs/reference/using-api/api-concepts/
+        #retrieving-large-results-sets-in-chunks)."""
         res, info = self._resolve(request)
         matches = self._matcher(request, res)
-        namespace, after = request.namespace, request.params.get("continue", "")  # tokens are "namespace/name"
+        namespace, token = request.namespace, request.params.get("continue", "")
+        snapshot, after = self.store.rv, None
+        if token:
+            if request.params.get("resourceVersion"):
+                raise bad_request("specifying resource version is not allowed when using continue")
+            rv, after = _decode_continue(token)
+            if 0 <= rv < self.store.log_floor:
+                status = _http.status_body(410, "Expired", EXPIRED_CONTINUE)
+                status["metadata"] = {"continue": _encode_continue(-1, (res, after[0] or None, after[1]))}
+                return Response(status=410, payload=status)
+            snapshot = rv if rv >= 0 else self.store.rv
+        then = self._as_of(res, snapshot)  # the objects that changed since the snapshot, as they were then
         keys = self.store.live_keys(res)  # by namespace and name: a page reads only the objects it serves
-        at = bisect.bisect_right(keys, tuple(after.split("/", 1)), key=_by_name) if after else 0
+        if then:
+            keys = sorted(set(keys) | set(then), key=_by_name)
+
+        def state(key: Key) -> Obj | None:
+            return then[key] if key in then else self.store.live(key)
+
+        at = bisect.bisect_right(keys, after, key=_by_name) if after else 0
         limit = int(request.params["limit"]) if request.params.get("limit", "").isdigit() else 0
         items: list[tuple[Key, Obj]] = []
         while at < len(keys) and (limit <= 0 or len(items) < limit):
             key = keys[at]
-            if namespace in (None, key[1]) and (obj := self.store.live(key)) is not None and matches(obj):
+            if namespace in (None, key[1]) and (obj := state(key)) is not None and matches(obj):
                 items.append((key, obj))
             at += 1
-        meta: Obj = {"resourceVersion": str(self.store.rv)}
-        rest = (o for k in itertools.islice(keys, at, None) if namespace in (None, k[1]) and (o := self.store.live(k)))
+        meta: Obj = {"resourceVersion": str(snapshot)}
+        rest = (o for k in itertools.islice(keys, at, None) if namespace in (None, k[1]) and (o := state(k)))
         if 0 < limit == len(items) and any(matches(obj) for obj in rest):
-            last = items[-1][0]
-            meta["continue"] = f"{last[1] or ''}/{last[2]}"
+            meta["continue"] = _encode_continue(snapshot, items[-1][0])
             if not (request.params.get("labelSelector") or request.params.get("fieldSelector")):  # as the API server
-                meta["remainingItemCount"] = sum(namespace in (None, k[1]) for k in itertools.islice(keys, at, None))
+                meta["remainingItemCount"] = sum(namespace in (None, k[1]) and (not then or state(k) is not None)
+                                                 for k in itertools.islice(keys, at, None))  # live keys: no lookup
         body = {
             "kind": f"{info.kind}List",
             "apiVersion": group_version(res),
@@ -333,6 +383,18 @@ class GpuTaskEmulator(KubernetesEmulator):
             "items": [obj for _, obj in items],
         }
         return Response(status=200, payload=body)
+
+    def _as_of(self, res: resource, rv: int) -> dict[Key, Obj | None]:
+        """The objects of ``res`` changed after resourceVersion ``rv``, each as it was at ``rv`` (None: it did not
+        exist then), from the kept history (newest first, so the oldest change after ``rv`` says the state)."""
+        then: dict[Key, Obj | None] = {}
+        for event in reversed(self.store.log):
+            if event.rv <= rv:
+                break
+            if event.res == res:
+                meta = event.obj["metadata"]
+                then[(res, meta.get("namespace"), meta["name"])] = None if event.type == "ADDED" else event.old
+        return then
 
     async def _serve_watch(self, request: Request) -> AsyncIterator[Any]:
         res, info = self._resolve(request)
@@ -343,6 +405,7 @@ class GpuTaskEmulator(KubernetesEmulator):
         if not re.fullmatch(r"\d*", since) or not re.fullmatch(r"\d*", timeout_text):
             raise bad_request("resourceVersion and timeoutSeconds must be non-negative integers")
         timeout = int(timeout_text) if timeout_text else None
+        bookmarks = request.params.get("allowWatchBookmarks") == "true"
         # Snapshot and subscribe with no await in between, so that no event is lost or doubled.
         backlog: list[Event] | None
         if since in ("", "0") or initial:
@@ -373,13 +436,23 @@ class GpuTaskEmulator(KubernetesEmulator):
                 }
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
+            bookmark_at = _next_bookmark(loop.time(), deadline) if bookmarks else None
             while True:
-                remaining = None if deadline is None else deadline - loop.time()
+                now = loop.time()
+                remaining = None if deadline is None else deadline - now
                 if remaining is not None and remaining <= 0:
                     break
+                limits = [t for t in (remaining, None if bookmark_at is None else bookmark_at - now) if t is not None]
+                until = max(0.0, min(limits)) if limits else None
                 try:
-                    next_event = await asyncio.wait_for(watch.queue.get(), remaining)
+                    next_event = await asyncio.wait_for(watch.queue.get(), until)
                 except TimeoutError:
+                    if bookmark_at is not None and loop.time() >= bookmark_at:
+                        # nothing queued: every change up to the store's version was sent (or is not this watch's)
+                        yield {"type": "BOOKMARK", "object": {"kind": info.kind, "apiVersion": group_version(res),
+                                                              "metadata": {"resourceVersion": str(self.store.rv)}}}
+                        bookmark_at = _next_bookmark(loop.time(), deadline)
+                        continue
                     break
                 ready = [next_event]  # and every event already queued: one write for all of them, as the API
                 while ready[-1] is not None and not watch.queue.empty():  # server sends what it has at once
@@ -480,6 +553,39 @@ class GpuTaskEmulator(KubernetesEmulator):
 def _lines(events: Iterable[Obj | None]) -> bytes:
     """Watch events as the API server streams them: one JSON object per line (None: not seen by this watch)."""
     return b"".join(json.dumps(event).encode() + b"\n" for event in events if event is not None)
+
+
+def _next_bookmark(now: float, deadline: float | None) -> float | None:
+    """When a watch that allows bookmarks gets its next one: every :data:`BOOKMARK_S`, and
+    :data:`BOOKMARK_BEFORE_END_S` before its deadline (k8s.io/apiserver/pkg/storage/cacher, cacheWatcher's
+    nextBookmarkTime); None when neither comes before the deadline."""
+    at = now + BOOKMARK_S
+    if deadline is not None:
+        before_end = deadline - BOOKMARK_BEFORE_END_S
+        at = min(at, before_end) if before_end > now else at
+        if at >= deadline:
+            return None
+    return at
+
+
+def _encode_continue(rv: int, after: Key) -> str:
+    """A continue token: the snapshot's resourceVersion and the last key served, opaque to clients (base64 JSON,
+    as the API server's ``{"v": "meta.k8s.io/v1", "rv": ..., "start": ...}``); ``rv`` -1 continues from the latest
+    state (the inconsistent token of a 410)."""
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": [after[1] or "", after[2]]})
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+    """The snapshot resourceVersion and last key of a continue token; 400 BadRequest when it is none."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        start = data["start"]
+        if data.get("v") != "meta.k8s.io/v1" or not isinstance(data.get("rv"), int) or len(start) != 2:
+            raise ValueError(token)
+        return int(data["rv"]), (str(start[0]), str(start[1]))
+    except (ValueError, TypeError, KeyError, binascii.Error) as e:
+        raise bad_request(f"continue key is not valid: {e}") from None
 
 
 def _by_name(key: Key) -> tuple[str, str]:

@@ -58,6 +58,7 @@ class Failure:
     status: int
     message: str
     times: int
+    retry_after_s: float | None = None
 
     def matches(self, verb: str, res: Resource, name: str | None) -> bool:
         """True when this failure applies to the call."""
@@ -86,7 +87,9 @@ class FakeKubeClient:
         self.failures: list[Failure] = []
         self._rv = itertools.count(1)
         self.latest = 0  # the last resourceVersion given out
-        self.history: list[tuple[int, Key, str, dict[str, Any]]] = []  # (resourceVersion, key, type, object)
+        # (resourceVersion, key, type, object, the object's previous state or None)
+        self.history: list[tuple[int, Key, str, dict[str, Any], dict[str, Any] | None]] = []
+        self._last: dict[Key, dict[str, Any]] = {}  # each live object's last recorded state
         self.compacted = 0  # the resourceVersion up to which history was dropped (older watches get 410)
         self._changed = asyncio.Event()  # set (and replaced) at each change: watches wait on it
 
@@ -100,9 +103,11 @@ class FakeKubeClient:
         status: int = 500,
         message: str = "",
         times: int = 1,
+        retry_after_s: float | None = None,
     ) -> None:
-        """Make the next ``times`` ``verb`` calls (``*`` = any verb) on ``plural``/``name`` raise ``status``."""
-        self.failures.append(Failure(verb, plural, name, status, message, times))
+        """Make the next ``times`` ``verb`` calls (``*`` = any verb) on ``plural``/``name`` raise ``status``
+        (with the Retry-After the server asked for, when given)."""
+        self.failures.append(Failure(verb, plural, name, status, message, times, retry_after_s))
 
     def put(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Store an object as if it had been created (status included); no call is recorded."""
@@ -124,7 +129,11 @@ class FakeKubeClient:
         return str(self.latest)
 
     def _record(self, key: Key, etype: str, obj: dict[str, Any]) -> None:
-        self.history.append((int(obj["metadata"]["resourceVersion"]), key, etype, copy.deepcopy(obj)))
+        state = copy.deepcopy(obj)
+        old = self._last.pop(key, None) if etype == "DELETED" else self._last.get(key)
+        if etype != "DELETED":
+            self._last[key] = state
+        self.history.append((int(obj["metadata"]["resourceVersion"]), key, etype, state, old))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -171,9 +180,9 @@ class FakeKubeClient:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             changed = self._changed
-            batch = [{"type": etype, "object": copy.deepcopy(obj)} for rv, key, etype, obj in self.history
+            batch = [{"type": seen, "object": copy.deepcopy(obj)} for rv, key, etype, obj, old in self.history
                      if rv > since and key[:2] == (res.group, res.plural) and namespace in (None, key[2])
-                     and _labels_match(obj, labels)]
+                     and (seen := _seen_as(etype, obj, old, labels)) is not None]
             if batch:
                 since = int(batch[-1]["object"]["metadata"]["resourceVersion"])
                 yield batch
@@ -260,7 +269,8 @@ class FakeKubeClient:
             if failure.matches(verb.removesuffix("-status"), res, name) or failure.matches(verb, res, name):
                 failure.times -= 1
                 message = failure.message or f'{_qualified(res)} "{name}" is refused (injected {failure.status})'
-                raise ApiError(failure.status, REASONS.get(failure.status, "Unknown"), message)
+                raise ApiError(failure.status, REASONS.get(failure.status, "Unknown"), message,
+                               retry_after_s=failure.retry_after_s)
 
     def _live(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         found = self.objects.get((res.group, res.plural, namespace if res.namespaced else None, name))
@@ -331,6 +341,18 @@ def _immutable(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj["metadata"]
     keep = ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion", "deletionTimestamp")
     return {k: meta[k] for k in keep if k in meta}
+
+
+def _seen_as(etype: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None, labels: str | None) -> str | None:
+    """The type a watch with label selector ``labels`` sees an event as, None when it does not see it: as the API
+    server does, a change that makes an object match is ADDED and one that makes it stop matching is DELETED (the
+    watch cache's filter, k8s.io/apiserver/pkg/storage/cacher, cacheWatcher.convertToWatchEvent)."""
+    now, was = _labels_match(obj, labels), old is not None and _labels_match(old, labels)
+    if etype == "MODIFIED" and now != was:
+        return "ADDED" if now else "DELETED"
+    if etype == "DELETED":
+        return etype if was or (old is None and now) else None
+    return etype if now else None
 
 
 def _labels_match(obj: Mapping[str, Any], selector: str | None) -> bool:
