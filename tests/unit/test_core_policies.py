@@ -191,7 +191,8 @@ def test_default_target_sums_to_one_and_a_fresh_policy_places_as_a_used_one() ->
 
 
 def test_per_copy_weight_follows_the_multi_gpu_share_of_the_target() -> None:
-    """Multi-GPU shapes asking 2/11 of the GPU demand (under a fifth) give COPIES_WEIGHT; 2/9 give 0; a number fixes it."""
+    """Multi-GPU shapes asking 2/11 of the GPU demand (under a fifth) give COPIES_WEIGHT; 2/9 give 0; a number
+    fixes it."""
     under = [TaskShape(WHOLE)] * 9 + [TaskShape(GpuRequest(2))]  # 2 of 11 GPUs
     at = [TaskShape(WHOLE)] * 7 + [TaskShape(GpuRequest(2))]  # 2 of 9 GPUs
     weights = []

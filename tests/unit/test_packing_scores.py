@@ -51,7 +51,8 @@ def test_sliver_table_is_the_expected_gap_left_when_popular_shares_top_a_gpu_up(
 
 
 def test_sliver_term_adds_the_weighted_sliver_of_each_partly_used_gpu() -> None:
-    """GPU 0 with 300 free (no 500 share or whole GPU fits: sliver 300) adds 0.5 x 300 to FGD's 300 x 3/4 + 1300 x 1/4."""
+    """GPU 0 with 300 free (no 500 share or whole GPU fits: sliver 300) adds 0.5 x 300 to FGD's
+    300 x 3/4 + 1300 x 1/4."""
     target = TargetWorkload.from_shapes([TaskShape(WHOLE)] * 2 + [TaskShape(share(500)), TaskShape(GpuRequest(0))])
     state = cluster_with([node("a", 2)], {"a": 700}).node(NodeName("a"))
     plain, with_sliver = (Fragmentation(target, sliver_weight=w).of_state(state) for w in (0.0, 0.5))

@@ -187,7 +187,8 @@ def test_cpu_only_copies_never_end_the_copying() -> None:
 
 
 def test_a_list_past_the_target_loses_random_pods_until_it_is_at_most_130_percent() -> None:
-    """8 whole GPUs asked of 4 (200%) keep 5 (125%: the first demand at or under 130%) in their shuffled order, no copies."""
+    """8 whole GPUs asked of 4 (200%) keep 5 (125%: the first demand at or under 130%) in their shuffled order,
+    no copies."""
     pods = [pod(f"p{i}", 1, 1000) for i in range(8)] + [pod("cpu", 0, 0)]
     shuffled = sorted(pods, key=lambda p: p.name)
     random.Random(3).shuffle(shuffled)
