@@ -5,10 +5,11 @@ GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23) and 
 
 1. The cluster is ``openb_node_list_gpu_node.csv`` (1,213 nodes, 6,212 GPUs), with CPU and host
    memory tracked (core ``Node(cpu_milli=..., memory_mib=...)``).
-2. Per seed, the pod list (in name order) is shuffled with ``random.Random(seed)``, then random
+2. Per seed, the pod list (in name order) is shuffled with ``random.Random(seed)``, then tuned to
+   130% of the cluster's GPUs (total GPU demand, the sum of ``num_gpu * gpu_milli``): random
    copies of its pods, sampled with replacement from the same generator, are appended until the
-   next copy would push total GPU demand (sum of ``num_gpu * gpu_milli``) past 130% of the
-   cluster's GPUs. This is Python's Mersenne Twister, not the authors' Go ``math/rand``, so
+   next copy would pass it, or, for a list already above it (multigpu30, 40, 50), random pods are
+   removed until it is at most 130% (:func:`workload`). This is Python's Mersenne Twister, not the authors' Go ``math/rand``, so
    the orders differ from theirs: compare distributions over seeds, not single runs.
    The random policy is seeded with the same seed (its own ``random.Random(seed)``).
 3. Pods arrive one at a time and never leave. Each goes to the core's ``find_placement`` with
