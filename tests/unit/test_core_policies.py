@@ -15,7 +15,7 @@ from gputask.core.placement import BestFit, Policy, find_placement
 from gputask.core.policies import FGD, BestFitAtc23, Packing, TargetWorkload, TaskShape
 from gputask.core.policies.fgd import framework_score
 from gputask.core.policies.fragmentation import Fragmentation
-from gputask.core.policies.packing import multi_gpu_share, pressures
+from gputask.core.policies.packing import COPIES_WEIGHT, multi_gpu_share, pressures
 from gputask.core.policies.workload import DEFAULT_TARGET, RecentWorkload
 
 WHOLE = GpuRequest(1)
@@ -191,7 +191,8 @@ def test_default_target_sums_to_one_and_a_fresh_policy_places_as_a_used_one() ->
 
 
 def test_per_copy_weight_follows_the_multi_gpu_share_of_the_target() -> None:
-    """Multi-GPU shapes asking 2/11 of the GPU demand (under a fifth) give 0.5; 2/9 give 0; a number fixes it."""
+    """Multi-GPU shapes asking 2/11 of the GPU demand (under a fifth) give COPIES_WEIGHT; 2/9 give 0; a number
+    fixes it."""
     under = [TaskShape(WHOLE)] * 9 + [TaskShape(GpuRequest(2))]  # 2 of 11 GPUs
     at = [TaskShape(WHOLE)] * 7 + [TaskShape(GpuRequest(2))]  # 2 of 9 GPUs
     weights = []
@@ -199,21 +200,21 @@ def test_per_copy_weight_follows_the_multi_gpu_share_of_the_target() -> None:
         policy = Packing(copies_weight=fixed)
         policy.set_workload(shapes)
         weights.append((round(multi_gpu_share(policy.frag.target), 4), policy.frag.copies_weight))
-    assert weights == [(round(2 / 11, 4), 0.5), (round(2 / 9, 4), 0.0), (round(2 / 9, 4), 0.3)]
+    assert weights == [(round(2 / 11, 4), COPIES_WEIGHT), (round(2 / 9, 4), 0.0), (round(2 / 9, 4), 0.3)]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes_st, tasks_st)
-def test_packing_places_as_fgd_without_product_restrictions_and_with_multi_gpu_heavy_work(
+def test_packing_without_its_sliver_and_tie_terms_places_as_fgd_on_multi_gpu_heavy_unrestricted_work(
     nodes: list, tasks: list
 ) -> None:
-    """Target of 8-GPU and whole-GPU shapes (8/9 multi-GPU), none restricted to products: packing's choices
-    are FGD's (no pressure, no per-copy term), whatever the tasks ask."""
+    """Target of 8-GPU and whole-GPU shapes (8/9 multi-GPU), none restricted to products: packing with the
+    sliver term and exact ties off places as FGD (no pressure, no per-copy term), whatever the tasks ask."""
     built = build(nodes)
     work = [to_task(i, x) for i, x in enumerate(tasks)]
     target = [TaskShape(GpuRequest(8), cpu_milli=4000), TaskShape(WHOLE, cpu_milli=3000)]  # CPU: copies matter
     placed = []
-    for policy in (FGD(), Packing()):
+    for policy in (FGD(), Packing(sliver_weight=0.0, exact_ties=False)):
         policy.set_workload(target)
         placed.append(_replay(policy, built, work))
     assert placed[0] == placed[1]

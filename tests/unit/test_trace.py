@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from gputask.core import POLICIES, GpuRequest
 from gputask.core.placement import FirstFit
+from gputask.core.policies import TargetWorkload, TaskShape
 from gputask.sim.report import simulate_command
 from gputask.sim.trace import (
     NODE_LIST,
@@ -22,6 +24,7 @@ from gputask.sim.trace import (
     replay,
     request_of,
     run,
+    target_shape,
     tie_break_keys,
     workload,
 )
@@ -183,11 +186,19 @@ def test_cpu_only_copies_never_end_the_copying() -> None:
     assert totals == [5000] * 5
 
 
-def test_a_list_already_past_the_target_is_only_shuffled() -> None:
-    """Demand of 6000 on 4000 milli-GPU is over 130%: no copies, the same pods in a seeded order."""
-    pods = [pod(f"p{i}", 2, 1000) for i in range(3)]
+def test_a_list_past_the_target_loses_random_pods_until_it_is_at_most_130_percent() -> None:
+    """8 whole GPUs asked of 4 (200%) keep 5 (125%: the first demand at or under 130%) in their shuffled order,
+    no copies."""
+    pods = [pod(f"p{i}", 1, 1000) for i in range(8)] + [pod("cpu", 0, 0)]
+    shuffled = sorted(pods, key=lambda p: p.name)
+    random.Random(3).shuffle(shuffled)
     arrivals = workload(pods, 3, CAPACITY)
-    assert (len(arrivals), sorted(k for k, _ in arrivals)) == (3, ["p0", "p1", "p2"])
+    kept = [k for k, _ in arrivals]
+    assert (
+        sum(p.demand_milli for _, p in arrivals),
+        kept == [p.name for p in shuffled if p.name in kept],
+        all("-tuned-" not in k for k in kept),
+    ) == (5000, True, True)
 
 
 def test_workload_and_runs_are_deterministic_per_seed(tmp_path: Path) -> None:
@@ -348,6 +359,25 @@ def test_bad_policy_and_seeds_exit_2(tmp_path: Path) -> None:
         simulate_command(folder, pods=["openb_pod_list_tiny.csv"], policies=p, seeds=s, output="json", jobs=1)
         for p, s in ((["worstfit"], "1"), (None, "a-b"))
     ] == [2, 2]
+
+
+def test_gpu_spec_as_written_keeps_target_shapes_apart(tmp_path: Path) -> None:
+    """V100M16|V100M32|V100M32 and V100M16|V100M32 allow the same models but are two target shapes
+    (3 and 1 pods: popularity 3/4 and 1/4), as in the FGD authors' simulator."""
+    folder = write_trace(tmp_path, [])
+    (folder / "openb_pod_list_tiny.csv").write_text(
+        POD_HEADER
+        + "".join(
+            f"p{i},1000,1024,1,500,{spec},LS,Running,0,10,0\n"
+            for i, spec in enumerate(["V100M16|V100M32|V100M32"] * 3 + ["V100M16|V100M32"])
+        )
+    )
+    request = GpuRequest(1, fraction_milli=500, products=frozenset({"V100M16", "V100M32"}))
+    shapes = [target_shape(p) for p in read_pods(folder / "openb_pod_list_tiny.csv")]
+    assert TargetWorkload.from_shapes(shapes, popularity=1.0).shapes == (
+        (TaskShape(request, 1000, 1024, "V100M16|V100M32|V100M32"), 0.75),
+        (TaskShape(request, 1000, 1024, "V100M16|V100M32"), 0.25),
+    )
 
 
 def test_reading_the_csv_schema_back_gives_the_rows(tmp_path: Path) -> None:

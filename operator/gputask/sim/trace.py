@@ -5,10 +5,11 @@ GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23) and 
 
 1. The cluster is ``openb_node_list_gpu_node.csv`` (1,213 nodes, 6,212 GPUs), with CPU and host
    memory tracked (core ``Node(cpu_milli=..., memory_mib=...)``).
-2. Per seed, the pod list (in name order) is shuffled with ``random.Random(seed)``, then random
+2. Per seed, the pod list (in name order) is shuffled with ``random.Random(seed)``, then tuned to
+   130% of the cluster's GPUs (total GPU demand, the sum of ``num_gpu * gpu_milli``): random
    copies of its pods, sampled with replacement from the same generator, are appended until the
-   next copy would push total GPU demand (sum of ``num_gpu * gpu_milli``) past 130% of the
-   cluster's GPUs. This is Python's Mersenne Twister, not the authors' Go ``math/rand``, so
+   next copy would pass it, or, for a list already above it (multigpu30, 40, 50), random pods are
+   removed until it is at most 130% (:func:`workload`). This is Python's Mersenne Twister, not the authors' Go ``math/rand``, so
    the orders differ from theirs: compare distributions over seeds, not single runs.
    The random policy is seeded with the same seed (its own ``random.Random(seed)``).
 3. Pods arrive one at a time and never leave. Each goes to the core's ``find_placement`` with
@@ -27,7 +28,9 @@ and the core's per-GPU MiB arithmetic is exactly the FGD simulator's milli-GPU a
 ``gpu_milli < 1000`` becomes ``GpuRequest(1, fraction_milli=gpu_milli)`` (reserves ``gpu_milli``
 "MiB" on one GPU, sharing allowed); ``num_gpu == 1, gpu_milli == 1000`` and every multi-GPU pod
 become whole, exclusive GPUs; ``gpu_spec`` (``|``-separated models) becomes
-``GpuRequest.products`` and each GPU's product is its node's ``model``.
+``GpuRequest.products`` and each GPU's product is its node's ``model``; a target-workload shape
+keeps ``gpu_spec`` as written, so ``V100M16|V100M32|V100M32`` and ``V100M16|V100M32`` count apart
+(as the authors' ``PodResource.GpuType``) though they allow the same models.
 
 Tie-break. The core breaks score ties by the smallest node name (``openb-node-NNNN``: name order
 is numeric order). ``tie_break="random"`` instead prefixes every node name with a key drawn per
@@ -86,6 +89,12 @@ class TracePod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: frozenset[str] = frozenset()
+    gpu_spec_text: str = ""
+    """``gpu_spec`` as written in the file (default: the models sorted, ``|``-joined)."""
+
+    def __post_init__(self) -> None:
+        if not self.gpu_spec_text and self.gpu_spec:
+            object.__setattr__(self, "gpu_spec_text", "|".join(sorted(self.gpu_spec)))
 
     @property
     def demand_milli(self) -> int:
@@ -158,6 +167,7 @@ def read_pods(path: Path) -> list[TracePod]:
                 int(r["num_gpu"]),
                 int(r["gpu_milli"]),
                 frozenset(m for m in (r.get("gpu_spec") or "").split("|") if m),
+                r.get("gpu_spec") or "",
             )
             for r in _rows(path)
         ]
@@ -205,30 +215,32 @@ def request_of(pod: TracePod) -> GpuRequest:
 
 
 def target_shape(pod: TracePod) -> TaskShape:
-    """A pod's shape for a target workload: GPU request, CPU and memory (a policy may drop memory)."""
-    return TaskShape(request_of(pod), pod.cpu_milli, pod.memory_mib)
+    """A pod's shape for a target workload: GPU request, CPU and memory (a policy may drop memory),
+    labelled with ``gpu_spec`` as written, which the FGD authors' simulator keys shapes by."""
+    return TaskShape(request_of(pod), pod.cpu_milli, pod.memory_mib, pod.gpu_spec_text)
 
 
 def workload(
     pods: Sequence[TracePod], seed: int, capacity_milli: int, *, tune_pct: int = TUNE_PCT
 ) -> list[tuple[str, TracePod]]:
-    """Arrival order for one seed: the shuffled pods, then random copies up to ``tune_pct``.
+    """Arrival order for one seed: the shuffled pods, tuned to ``tune_pct`` % of ``capacity_milli``.
 
-    Returns ``(key, pod)`` pairs; copies are keyed ``NAME-tuned-I``. Copies are drawn with
-    replacement until the next one would push total demand past ``tune_pct`` % of
-    ``capacity_milli`` (a copy of a CPU-only pod never does). A pod list whose own demand
-    is already past the target is kept whole: multigpu30, 40 and 50 are (130.2%, 152% and 183% of
-    the GPUs), where the authors tune the list down to the target instead, so the 130% end of those
-    curves differs from theirs (README, trace replay).
-    The authors' Go code compares only a copy's per-GPU share with the target, so its last
+    Returns ``(key, pod)`` pairs. As the authors' simulator (``TunePodsByNodeTotalResource``):
+    below the target, random copies (keyed ``NAME-tuned-I``) are appended, drawn with replacement
+    until the next one would push total demand past the target (a copy of a CPU-only pod never
+    does); above it (multigpu30, 40 and 50: 130.2%, 152% and 183% of the GPUs), random pods are
+    removed from the shuffled list, keeping the others' order, until the demand is at most the
+    target. The authors' Go code compares only a copy's per-GPU share with the target, so its last
     multi-GPU copy can overshoot by a few GPUs; this compares the copy's whole demand.
     """
     rng = random.Random(seed)
     order = sorted(pods, key=lambda p: p.name)
     rng.shuffle(order)
-    out = [(p.name, p) for p in order]
     total = sum(p.demand_milli for p in order)
     limit = tune_pct * capacity_milli  # compare total * 100 against it: exact integers
+    while order and total * 100 > limit:
+        total -= order.pop(rng.randrange(len(order))).demand_milli
+    out = [(p.name, p) for p in order]
     if not order or total * 100 >= limit:
         return out
     if all(p.demand_milli == 0 for p in order):

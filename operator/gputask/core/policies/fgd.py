@@ -58,7 +58,7 @@ class TargetFollower(PolicyBase):
         self._recent = RecentWorkload(popularity=popularity) if follow_recent else None
         self.learns = follow_recent  # every task it sees moves the recent workload
         self._fixed_generation = 0
-        self.frag = Fragmentation(DEFAULT_TARGET, copies_weight=self.copies_weight_for(DEFAULT_TARGET))
+        self.frag = self.fragmentation(DEFAULT_TARGET)
         self._frag_generation = -1
 
     @property
@@ -73,12 +73,16 @@ class TargetFollower(PolicyBase):
         if not self.with_memory:
             shapes = [replace(s, memory_mib=0) for s in shapes]
         target = TargetWorkload.from_shapes(shapes, popularity=self.popularity)
-        self.frag = Fragmentation(target, copies_weight=self.copies_weight_for(target))
+        self.frag = self.fragmentation(target)
         self._frag_generation = self._fixed_generation
 
     def copies_weight_for(self, target: TargetWorkload) -> float:
         """The per-copy weight of the fragmentation against ``target``: the one given (None: 0)."""
         return self.copies_weight or 0.0
+
+    def fragmentation(self, target: TargetWorkload) -> Fragmentation:
+        """The fragmentation measure against ``target`` (with :meth:`copies_weight_for` it)."""
+        return Fragmentation(target, copies_weight=self.copies_weight_for(target))
 
     def prepare(self, cluster: ClusterState, task: Task) -> None:
         """Before a search (placement's hook): note the task about to be placed."""
@@ -91,7 +95,7 @@ class TargetFollower(PolicyBase):
         self._recent.observe(task)
         if self._recent.generation != self._frag_generation:
             target = self._recent.target
-            self.frag = Fragmentation(target, copies_weight=self.copies_weight_for(target))
+            self.frag = self.fragmentation(target)
             self._frag_generation = self._recent.generation
 
 

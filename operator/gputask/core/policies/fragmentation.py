@@ -31,6 +31,15 @@ for a single task counts all 8 GPUs as usable. With w, a share w of each shape's
 instead min(A_m, k * count_m * 1000), where k is how many copies of m the node's free CPU and
 memory allow: GPUs that CPU will strand count as fragmented. (The FGD paper's "lack CPU"
 category, Q4, applied to every copy rather than the first.) w = 0 is FGD exactly.
+
+**Sliver term** (``sliver_weight`` b > 0; gputask's own, used by ``packing``): F_n(M) plus b times
+the expected eventual sliver of each partly used GPU, :func:`sliver_table`. FGD asks whether the
+*next* task could use a GPU's free share; a 230 milli-GPU gap and a 300 gap are both usable by the
+popular 230 and 220 shares, but the first is then full and the second keeps a 70 sliver nothing
+fills. The term tells them apart. It follows the recursive ("Bellman") fragmentation of the FGD
+authors' simulator (hkust-adsl/kubernetes-scheduler-simulator, ``NodeGpuFragBellman``: the
+fragmentation expected after further typical tasks), reduced to one GPU so that it stays a table.
+b = 0 leaves F_n(M) unchanged.
 """
 
 from __future__ import annotations
@@ -84,6 +93,33 @@ def view_after(state: NodeState, task: Task, picked: Sequence[int]) -> NodeView:
 
 def _free(value: int | None) -> int:
     return UNTRACKED if value is None else value
+
+
+def sliver_table(shares: Sequence[tuple[int, float]]) -> tuple[float, ...]:
+    """Expected eventual sliver phi[g], milli-GPU, of one GPU with g of 1000 milli free (g = 0..1000).
+
+    ``shares`` are (per-GPU share in milli-GPU, popularity) of the shapes that could use the GPU.
+    The GPU is topped up with popular shares until none fits: phi[g] = g when no share fits, else
+    the popularity-weighted mean of phi[g - s] over the shares s <= g. phi[1000] = 0: an idle GPU is
+    left to whole-GPU work. Example: shares 600 and 400, equally popular: phi[500] = phi[100] = 100,
+    phi[700] = (phi[100] + phi[300]) / 2 = 200.
+    """
+    merged: dict[int, float] = {}
+    for share, p in shares:
+        if 0 < share <= MILLI_PER_GPU and p > 0:
+            merged[share] = merged.get(share, 0.0) + p
+    items = sorted(merged.items())
+    phi = [0.0] * (MILLI_PER_GPU + 1)
+    for g in range(1, MILLI_PER_GPU + 1):
+        weight = total = 0.0
+        for share, p in items:
+            if share > g:
+                break
+            weight += p
+            total += p * phi[g - share]
+        phi[g] = total / weight if weight else float(g)
+    phi[MILLI_PER_GPU] = 0.0
+    return tuple(phi)
 
 
 @lru_cache(maxsize=4096)
@@ -149,9 +185,11 @@ class Fragmentation:
     (memory) is rounded down to the largest threshold it reaches before the cache lookup.
     """
 
-    def __init__(self, target: TargetWorkload, *, copies_weight: float = 0.0) -> None:
+    def __init__(self, target: TargetWorkload, *, copies_weight: float = 0.0, sliver_weight: float = 0.0) -> None:
         self.target = target
         self.copies_weight = copies_weight
+        self.sliver_weight = sliver_weight
+        self._slivers: dict[tuple[str, int], tuple[float, ...]] = {}
         by_request: dict[GpuRequest, list[tuple[int, int, float]]] = {}
         for shape, p in target.shapes:
             if shape.request.count:  # a shape without GPUs leaves all free capacity fragmented
@@ -201,7 +239,36 @@ class Fragmentation:
                 usable += (1.0 - weight) * group.hostable(cpu, memory) * sum(fitting)
             if weight:
                 usable += weight * group.usable_by_copies(sum(fitting), cpu, memory)
+        if self.sliver_weight:
+            return total - usable + self.sliver_weight * self._sliver(gpus)
         return total - usable
+
+    def _sliver(self, gpus: tuple[GpuView, ...]) -> float:
+        """Summed expected eventual sliver (:func:`sliver_table`) of the partly used GPUs."""
+        out = 0.0
+        for product, size, free, idle in gpus:
+            if idle or free <= 0 or size <= 0:
+                continue
+            table = self._slivers.get((product, size))
+            if table is None:
+                table = self._slivers[(product, size)] = sliver_table(self._shares_on(product, size))
+            out += table[min(MILLI_PER_GPU, free * MILLI_PER_GPU // size)]
+        return out
+
+    def _shares_on(self, product: str, size: int) -> list[tuple[int, float]]:
+        """(per-GPU share in milli of a ``size`` MiB GPU, popularity) of the target's shapes a GPU of
+        ``product`` could take one GPU of (whole GPUs: 1000; a memory request rounded up)."""
+        out = []
+        for group in self.groups:
+            req = group.request
+            if req.products and product not in req.products:
+                continue
+            need = need_mib(req, size) if not req.exclusive else size
+            if need > size:
+                continue
+            share = max(1, -(-need * MILLI_PER_GPU // size))
+            out.append((share, sum(p for _, _, p in group.members)))
+        return out
 
 
 def _step(steps: list[int], value: int) -> int:

@@ -35,6 +35,9 @@ class TaskShape:
     request: GpuRequest
     cpu_milli: int = 0
     memory_mib: int = 0
+    label: str = ""
+    """Counts shapes with the same request apart: the trace's ``gpu_spec`` as written
+    (``V100M16|V100M32|V100M32`` and ``V100M16|V100M32`` are two shapes to the FGD authors)."""
 
     @classmethod
     def of(cls, task: Task, *, with_memory: bool = False) -> TaskShape:
@@ -42,10 +45,10 @@ class TaskShape:
         return cls(task.request, task.cpu_milli, task.memory_mib if with_memory else 0)
 
     def order_key(self) -> tuple[int, int, int, str]:
-        """The authors' order among equally popular shapes: CPU, per-GPU share, count, products."""
+        """The authors' order among equally popular shapes: CPU, per-GPU share, count, products as written."""
         req = self.request
         share = req.fraction_milli if req.fraction_milli is not None else (req.memory_mib or 1000)
-        return (self.cpu_milli, share if req.count else 0, req.count, "|".join(sorted(req.products)))
+        return (self.cpu_milli, share if req.count else 0, req.count, self.label or "|".join(sorted(req.products)))
 
 
 @dataclass(frozen=True, slots=True)
