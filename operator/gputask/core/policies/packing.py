@@ -46,7 +46,8 @@ list 4.38 against 4.29 for shared tasks only, seeds 100..107), exact growth for 
 inside the node alone (worse than FGD's), best fit at GPU level as primary or secondary key for
 shared tasks (within noise), the sum-of-squares rule of online bin packing (Csirik et al.,
 "On the sum-of-squares algorithm for bin packing", STOC '00) on the GPU shares alone (6.8% waste
-where best fit leaves 4.3%: it keeps many GPUs half open), a separate per-copy weight for
+where best fit leaves 4.3%: it keeps many GPUs half open), the pressure squared (gpuspec33 7.05 to 7.83
+at weights 15 to 25, seeds 100..119: too soft where T4s run out), a separate per-copy weight for
 whole-GPU tasks; from issue 7: best fit, worst fit or small-nodes-first among ties, linear growth
 buckets, counting every shape (not only the 95% most popular), host memory in the shapes,
 pressure per node type instead of product, a strict pressure order in steps of 0.05 (the previous
