@@ -24,6 +24,7 @@ from gputask.k8s.client import (
     JOBS,
     NODES,
     KubeClient,
+    Listed,
     NotFound,
 )
 from gputask.k8s.handlers import Operator
@@ -209,3 +210,17 @@ async def running_agent(cluster: Cluster, probe: Any, node: str, **kwargs: Any) 
         await asyncio.wait_for(task, timeout=5)
         if reporter.pod_resources is not None:
             reporter.pod_resources.close()
+
+
+class Recorder:
+    """An informer's sink that keeps what it is fed: (type, name) per event, and each listing's names."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.listings: list[list[str]] = []
+
+    async def apply(self, events: list[dict[str, Any]]) -> None:
+        self.events += [(e["type"], e["object"]["metadata"]["name"]) for e in events]
+
+    async def replace(self, listed: Listed) -> None:
+        self.listings.append([o["metadata"]["name"] for o in listed.items])

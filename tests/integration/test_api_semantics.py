@@ -31,7 +31,7 @@ from gputask.k8s.client import (
 from gputask.k8s.informer import Informer
 from gputask.k8s.leader import LeaderElector
 from gputask.testing.emulator import EXPIRED_CONTINUE
-from harness import Cluster
+from harness import Cluster, Recorder
 
 TASKS_PATH = "/apis/gputask.io/v1alpha1/namespaces/ns/gputasks"
 
@@ -160,20 +160,6 @@ async def test_a_watch_that_allows_bookmarks_gets_one_before_its_timeout(cluster
     bookmark = {"type": "BOOKMARK", "object": {"kind": "GPUTask", "apiVersion": "gputask.io/v1alpha1",
                                                "metadata": {"resourceVersion": latest}}}
     assert (with_bookmarks, without) == ([bookmark], [])
-
-
-class Recorder:
-    """A sink that keeps (type, name) per event and each listing's names."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str]] = []
-        self.listings: list[list[str]] = []
-
-    async def apply(self, events: list[dict[str, Any]]) -> None:
-        self.events += [(e["type"], e["object"]["metadata"]["name"]) for e in events]
-
-    async def replace(self, listed: Listed) -> None:
-        self.listings.append([o["metadata"]["name"] for o in listed.items])
 
 
 async def test_a_bookmark_lets_a_watch_resume_after_compaction_without_listing_again(cluster: Cluster) -> None:

@@ -10,24 +10,11 @@ import pytest
 
 from gputask.config import Config
 from gputask.k8s import informer as informer_module
-from gputask.k8s.client import GPUTASKS, JOBS, Listed
+from gputask.k8s.client import GPUTASKS, JOBS
 from gputask.k8s.handlers import Operator
 from gputask.k8s.informer import Informer
 from gputask.testing.fake import FakeKubeClient
-
-
-class Recorder:
-    """A sink that keeps what it is fed: (type, name) per event, and each listing's names."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str]] = []
-        self.listings: list[list[str]] = []
-
-    async def apply(self, events: list[dict[str, Any]]) -> None:
-        self.events += [(e["type"], e["object"]["metadata"]["name"]) for e in events]
-
-    async def replace(self, listed: Listed) -> None:
-        self.listings.append([o["metadata"]["name"] for o in listed.items])
+from harness import Recorder
 
 
 def task(name: str) -> dict[str, Any]:
