@@ -76,6 +76,34 @@ async def test_requests_carry_the_token_and_a_401_sends_again_with_the_refreshed
     ]
 
 
+async def test_a_watch_refused_401_refreshes_the_token_for_the_next_watch() -> None:
+    """A watch answered 401 (the token rotated) asks the configuration's hook at once: the next watch carries the
+    new token, without waiting for the regular refresh."""
+    seen: list[dict[str, str]] = []
+    runner, host = await recording_server(seen, refuse={"first"})
+    configuration = k8s_client.Configuration()
+    configuration.host = host
+    configuration.api_key = {"authorization": "Bearer loaded"}  # as the kubeconfig loader leaves it
+    tokens = iter(["first", "second"])
+
+    def refresh(config: Any) -> None:
+        config.api_key = {"authorization": f"Bearer {next(tokens)}"}
+
+    configuration.refresh_api_key_hook = refresh
+    client = KubeClient(k8s_client.ApiClient(configuration))
+    outcomes = []
+    try:
+        for _ in range(2):
+            try:
+                outcomes.append([batch async for batch in client.watch(LEASES, "default", resource_version="1")])
+            except ApiError as exc:
+                outcomes.append(exc.status)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert (outcomes, [s["authorization"] for s in seen]) == ([401, []], ["Bearer first", "Bearer second"])
+
+
 async def test_a_refused_connection_is_tried_as_often_as_configured_then_unreachable() -> None:
     """A port nobody listens on: ApiError 0 Unreachable after the configured connection retries."""
     configuration = k8s_client.Configuration()

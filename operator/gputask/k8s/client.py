@@ -475,7 +475,8 @@ class KubeClient:
     ) -> AsyncGenerator[list[dict[str, Any]], None]:
         """Watch events after ``resource_version`` (with bookmarks), in batches of the lines that arrived together,
         each parsed once into plain dicts. An ERROR event ends the stream: Expired for 410, else ApiError with its
-        code; a broken connection is ApiError 0. Closing the iterator closes the connection."""
+        code; a broken connection is ApiError 0. A 401 refreshes the token (the configuration's hook) before it is
+        raised, so the watch opened next carries the new one. Closing the iterator closes the connection."""
         params = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", resource_version),
                   ("timeoutSeconds", str(timeout_s)), *((("labelSelector", labels),) if labels else ())]
         path = res.path(namespace)
@@ -484,6 +485,8 @@ class KubeClient:
             async with self._http().get(self.configuration.host + path, params=params, timeout=timeout,
                                         headers=self._headers(), **self._proxy) as response:
                 if response.status >= 400:
+                    if response.status == 401:  # the token may have rotated: the next watch asks the hook anew
+                        self._auth(fresh=True)
                     raise _error(response.status, response.reason or "", await response.read(), "WATCH",
                                  response.headers.get("Retry-After"))
                 pending = b""
