@@ -9,8 +9,9 @@ GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23) and 
    130% of the cluster's GPUs (total GPU demand, the sum of ``num_gpu * gpu_milli``): random
    copies of its pods, sampled with replacement from the same generator, are appended until the
    next copy would pass it, or, for a list already above it (multigpu30, 40, 50), random pods are
-   removed until it is at most 130% (:func:`workload`). This is Python's Mersenne Twister, not the authors' Go ``math/rand``, so
-   the orders differ from theirs: compare distributions over seeds, not single runs.
+   removed until it is at most 130% (:func:`workload`). This is Python's Mersenne Twister, not the
+   authors' Go ``math/rand``, so the orders differ from theirs: compare distributions over seeds,
+   not single runs.
    The random policy is seeded with the same seed (its own ``random.Random(seed)``).
 3. Pods arrive one at a time and never leave. Each goes to the core's ``find_placement`` with
    the policy under test and, when placed, is reserved in the core's ``ClusterState`` (the two
