@@ -75,7 +75,7 @@ REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "flavors": (GPURESOURCEFLAVORS, None),
     "queues": (GPUCLUSTERQUEUES, None),
     "localqueues": (GPULOCALQUEUES, None),
-    "jobs": (JOBS, "gputask.io/task"),
+    "jobs": (JOBS, TASK_LABEL),
     "tasks": (GPUTASKS, None),
 }
 
@@ -99,8 +99,9 @@ class Operator:
         self.controller = Controller(config)
         self.leading = False
         self.writer = Writer(client, self.metrics, leading=self.is_leading)
-        self.executor = Executor(self.controller, self.writer, self.metrics, concurrency=config.api_concurrency)
         self.gate = asyncio.Lock()
+        self.executor = Executor(self.controller, self.writer, self.metrics, concurrency=config.api_concurrency,
+                                 gate=self.gate, job_feed=lambda obj, deleted: self.job_event(obj, deleted=deleted))
         self.loop = SchedulingLoop(self.controller, self.executor, self.gate)
         self.kueue = KueueSupport(client, self.controller, self.executor, self.gate)
         namespace = config.namespace or None
@@ -392,38 +393,67 @@ class TaskFeed:
 
 
 class JobFeed:
-    """Events of our Jobs from the jobs informer into the controller, a batch per gate and wake."""
+    """Events of our Jobs from the jobs informer into the controller, a batch per gate and wake.
+
+    A Job with GPUs booked is never released on a DELETED or on its absence from a relisting alone: either may
+    mean that it only lost its task label (a real API server sends the same DELETED for both), so the
+    :class:`~gputask.k8s.relabel.Relabeler` asks the server first, and puts the label back on a Job still there.
+    """
 
     def __init__(self, operator: Operator) -> None:
         self.operator = operator
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order (Jobs without our task-uid annotation are not ours: the controller skips
-        them)."""
+        them); the DELETED of a booked Job is confirmed with the server before it is fed."""
         op = self.operator
         if not op.leading:
             return
+        relabel = op.executor.relabel
         async with op.gate:
             for event in events:
-                op.job_event(event["object"], deleted=event["type"] == "DELETED")
+                obj, deleted = event["object"], event["type"] == "DELETED"
+                key = _job_key(obj)
+                if deleted and op.controller.holds_gpus(key):
+                    relabel.doubt(op.controller.jobs[key], obj)
+                    continue
+                relabel.drop(key)
+                op.job_event(obj, deleted=deleted)
+        await relabel.settle()
         op.loop.wake()
 
     async def replace(self, listed: Listed) -> None:
-        """After a gap: every listed Job fed again, every known Job missing from the listing deleted."""
+        """After a gap: every listed Job fed again, every known Job missing from the listing deleted (a booked one
+        once the server confirms it is gone)."""
         op = self.operator
         if not op.leading:
             return
+        relabel = op.executor.relabel
         async with op.gate:
             present = set()
             for obj in listed.items:
+                key = _job_key(obj)
+                relabel.drop(key)
                 op.job_event(obj, deleted=False)
-                present.add(f"{obj['metadata'].get('namespace') or 'default'}/{obj['metadata']['name']}")
+                present.add(key)
             for key, job in list(op.controller.jobs.items()):
-                if key not in present:
-                    gone = {"metadata": {"name": job.name, "namespace": job.namespace,
-                                         "annotations": {TASK_UID_ANNOTATION: job.task_uid}}}
-                    op.job_event(gone, deleted=True)
+                if key in present:
+                    continue
+                if op.controller.holds_gpus(key):
+                    relabel.doubt(job)
+                    continue
+                relabel.drop(key)
+                gone = {"metadata": {"name": job.name, "namespace": job.namespace,
+                                     "annotations": {TASK_UID_ANNOTATION: job.task_uid}}}
+                op.job_event(gone, deleted=True)
+        await relabel.settle()
         op.loop.wake()
+
+
+def _job_key(obj: dict[str, Any]) -> str:
+    """``namespace/name`` of a Job."""
+    meta = obj["metadata"]
+    return f"{meta.get('namespace') or 'default'}/{meta['name']}"
 
 
 def _identity(obj: dict[str, Any]) -> tuple[str, str, str, str]:
