@@ -95,6 +95,19 @@ async def test_a_label_removed_during_a_watch_gap_is_found_at_the_relisting(clus
         assert (await outcome(cluster, operator), operator.informers["jobs"].relists) == (KEPT, 1)
 
 
+async def test_a_restart_while_the_label_is_missing_books_nothing_twice(cluster: Cluster) -> None:
+    """The label is removed while no operator runs: the next one's labelled listing misses the Job, yet it finds it
+    by the name first's status gives, books its GPU for it alone, and puts the label back."""
+    async with running_operator(cluster, FAST) as operator:
+        await started(cluster)
+        await after_cycles(operator)
+    await cluster.client.patch(JOBS, "first-1", UNLABEL, "default")
+    async with running_operator(cluster, FAST) as operator:
+        await eventually(lambda: labelled_again(cluster))
+        await after_cycles(operator)
+        assert await outcome(cluster, operator) == KEPT
+
+
 async def test_a_job_really_deleted_still_frees_its_gpu_and_requeues_its_task(cluster: Cluster) -> None:
     """A running task's Job deleted (its DELETED looks like a label's removal): the server says it is gone, so
     its GPU is freed and the task requeued (JobDeleted) and admitted again as attempt 2; no label Event."""

@@ -208,3 +208,24 @@ async def test_the_deleted_of_an_object_leaving_the_selector_carries_its_previou
     assert (seen, refused.value.status, refused.value.reason) == (
         [("ADDED", {"gputask.io/task": "t"}, str(int(changed["metadata"]["resourceVersion"]) - 1)),
          ("DELETED", {"gputask.io/task": "t"}, changed["metadata"]["resourceVersion"])], 422, "Invalid")
+
+
+async def test_the_rebuild_looks_up_by_name_only_the_jobs_its_listing_missed() -> None:
+    """At a rebuild, only the Job a placed task's status names that the labelled listing lacks (its label removed)
+    is asked for by name: one GET, none for the task whose Job was listed nor for a pending task; the Job found is
+    known to the controller and its label is to be put back."""
+    client = FakeKubeClient()
+    operator = operator_with(client)
+    for name, labels in (("a", {"gputask.io/task": "a"}), ("b", {})):
+        made = await client.create(GPUTASKS, task(name), "ns")
+        status = {"phase": "Running", "jobName": f"{name}-1", "attempt": 1}
+        await client.patch(GPUTASKS, name, {"status": status}, "ns", status=True)
+        await client.create(JOBS, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+            "name": f"{name}-1", "namespace": "ns", "labels": labels,
+            "annotations": {"gputask.io/task-uid": made["metadata"]["uid"]}}}, "ns")
+    await client.create(GPUTASKS, task("waiting"), "ns")
+    await operator.rebuild()
+    await operator._stop_informers()
+    gets = [call for call in client.calls if call[:2] == ("get", "jobs")]
+    assert (gets, sorted(operator.controller.jobs), sorted(operator.executor.relabel.lost)) == (
+        [("get", "jobs", "b-1")], ["ns/a-1", "ns/b-1"], ["ns/b-1"])

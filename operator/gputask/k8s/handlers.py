@@ -45,6 +45,7 @@ from gputask.k8s.client import (
     ApiError,
     KubeApi,
     Listed,
+    NotFound,
     Resource,
 )
 from gputask.k8s.controller import Controller, Report
@@ -55,6 +56,7 @@ from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
 from gputask.k8s.kueue import KueueSupport
 from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
+from gputask.k8s.relabel import labelled, ours
 from gputask.k8s.tasks import PLACED_PHASES
 from gputask.k8s.writer import Writer
 from gputask.metrics import OperatorMetrics
@@ -133,10 +135,15 @@ class Operator:
         await self._stop_informers()
         try:
             objects, versions = await self._list_all()
+            unlisted = await self._unlisted_jobs(objects)
+            objects["jobs"] = [*objects["jobs"], *unlisted]
             async with self.gate:
                 self.controller.foreign.reset(objects["pods"])
                 self.executor.reset()
                 self.controller.rebuild(objects)
+                for job in unlisted:
+                    if not labelled(job):
+                        self.executor.relabel.found(job)
                 await self.kueue.rebuild(objects.get("workloads", []))
             listed = {_identity(o): _version(o) for kind in objects.values() for o in kind}
             buffered, self._buffer = self._buffer, None
@@ -168,6 +175,42 @@ class Operator:
                     raise kopf.TemporaryError(f"listing {kind} failed: {exc}", delay=5) from exc
                 objects[kind] = []  # e.g. no Kueue WorkloadPriorityClass API in this cluster
         return objects, versions
+
+    async def _unlisted_jobs(self, objects: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Our Jobs the labelled listing missed (their task label removed), found by name: the Job each placed
+        task's status names and the Job of each unfinished pod of ours, when not listed; one GET each, so a rebuild
+        whose Jobs were all listed asks nothing more. Raises kopf.TemporaryError when a GET fails other than 404:
+        releasing a Job that may still run would double-book its GPUs."""
+        listed = {_job_key(o) for o in objects.get("jobs", ())}
+        wanted = set()
+        for task in objects.get("tasks", ()):
+            status, meta = task.get("status") or {}, task["metadata"]
+            if status.get("phase") in PLACED_PHASES and isinstance(status.get("jobName"), str):
+                wanted.add(f"{meta.get('namespace') or 'default'}/{status['jobName']}")
+        for pod in objects.get("pods", ()):
+            meta = pod.get("metadata") or {}
+            if TASK_LABEL in (meta.get("labels") or {}):
+                wanted.update(f"{meta.get('namespace') or 'default'}/{ref['name']}"
+                              for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "Job")
+        limit = asyncio.Semaphore(self.config.api_concurrency)
+
+        async def fetch(key: str) -> dict[str, Any] | None:
+            namespace, name = key.split("/", 1)
+            async with limit:
+                try:
+                    return await self.client.get(JOBS, name, namespace)
+                except NotFound:
+                    return None
+                except ApiError as exc:
+                    raise kopf.TemporaryError(f"looking up Job {key} failed: {exc}", delay=5) from exc
+
+        found = await asyncio.gather(*(fetch(key) for key in sorted(wanted - listed)))
+        jobs = [obj for obj in found if obj is not None and ours(obj)]
+        for obj in jobs:
+            if not labelled(obj):
+                log.warning("Job %s lost its label %s: found by name, it keeps its GPUs and the label is put back",
+                            _job_key(obj), TASK_LABEL)
+        return jobs
 
     async def _stop_informers(self) -> None:
         for informer in self.informers.values():
