@@ -333,6 +333,7 @@ class Executor:
         del self.deletions[job_key]
         await self.pinner.job_deleted(job.namespace, job.name)
         if not existed:
+            self.relabel.drop(job.key)  # nothing left to confirm or label
             self.controller.job_gone(job)
 
     async def retry_deletions(self) -> None:
