@@ -220,6 +220,33 @@ async def test_selectors_filter_watches(api: aiohttp.ClientSession) -> None:
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "p1"), ("DELETED", "p1")]
 
 
+async def test_leaving_a_label_selector_is_deleted_with_the_previous_state_at_the_new_version(
+    api: aiohttp.ClientSession,
+) -> None:
+    """A watch with a label selector gets the DELETED of an object that stops matching with its previous content
+    (the label still there) at the resourceVersion of the change, as the watch cache sends it."""
+    path = "/api/v1/namespaces/default/pods"
+    async with api.get(path, params={"watch": "true", "labelSelector": "app=a"}) as resp:
+        await make(api, path, "p1", metadata={"labels": {"app": "a"}})
+        _, changed = await call(api, "PATCH", f"{path}/p1", {"metadata": {"labels": {"app": None}}}, MERGE)
+        events = await read_events(resp, 2)
+    deleted = events[1]["object"]["metadata"]
+    assert (events[1]["type"], deleted["labels"], deleted["resourceVersion"]) == (
+        "DELETED", {"app": "a"}, changed["metadata"]["resourceVersion"])
+
+
+async def test_a_patch_naming_another_uid_is_invalid(api: aiohttp.ClientSession) -> None:
+    """A patch whose metadata.uid is not the object's (a precondition, as client-go's adoption patches send it) is
+    422 Invalid, field is immutable, and changes nothing."""
+    path = "/api/v1/namespaces/default/configmaps"
+    made = await make(api, path, "c1", data={"a": "1"})
+    status, error = await call(api, "PATCH", f"{path}/c1", {"metadata": {"uid": "other"}, "data": {"a": "2"}}, MERGE)
+    _, now = await call(api, "GET", f"{path}/c1")
+    assert (status, error["reason"], error["message"], now["data"], now["metadata"]["resourceVersion"]) == (
+        422, "Invalid", 'ConfigMap "c1" is invalid: metadata.uid: Invalid value: "other": field is immutable',
+        {"a": "1"}, made["metadata"]["resourceVersion"])
+
+
 async def test_status_subresource_is_isolated_from_the_spec(server: EmulatorServer,
                                                             api: aiohttp.ClientSession) -> None:
     """With a status subresource, /status changes only status and the main resource only the rest."""

@@ -10,7 +10,7 @@ import pytest
 
 from gputask.config import Config
 from gputask.k8s import informer as informer_module
-from gputask.k8s.client import GPUTASKS, JOBS
+from gputask.k8s.client import GPUTASKS, JOBS, ApiError
 from gputask.k8s.handlers import Operator
 from gputask.k8s.informer import Informer
 from gputask.testing.fake import FakeKubeClient
@@ -174,3 +174,45 @@ async def test_an_object_leaving_or_entering_the_label_selector_is_deleted_or_ad
     await until(lambda: len(sink.events) == 4)
     await informer.stop()
     assert sink.events == [("ADDED", "j"), ("DELETED", "j"), ("ADDED", "j"), ("DELETED", "j")]
+
+
+async def test_the_deleted_of_an_object_leaving_the_selector_carries_its_previous_state() -> None:
+    """The DELETED a label-selected watch gets when a Job loses its label carries the Job as it was (labelled) at
+    the resourceVersion of the change, as the watch cache sends it; a patch naming another uid is 422 Invalid."""
+    client = FakeKubeClient()
+    labelled = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "j", "namespace": "ns", "labels": {"gputask.io/task": "t"}}}
+    since = (await client.list_versioned(JOBS)).resource_version
+    await client.create(JOBS, labelled, "ns")
+    changed = await client.patch(JOBS, "j", {"metadata": {"labels": {"gputask.io/task": None}}}, "ns")
+    stream = client.watch(JOBS, resource_version=since, labels="gputask.io/task", timeout_s=1)
+    batch = await anext(stream)
+    await stream.aclose()
+    with pytest.raises(ApiError) as refused:
+        await client.patch(JOBS, "j", {"metadata": {"uid": "other", "labels": {"x": "y"}}}, "ns")
+    seen = [(e["type"], e["object"]["metadata"].get("labels"), e["object"]["metadata"]["resourceVersion"])
+            for e in batch]
+    assert (seen, refused.value.status, refused.value.reason) == (
+        [("ADDED", {"gputask.io/task": "t"}, str(int(changed["metadata"]["resourceVersion"]) - 1)),
+         ("DELETED", {"gputask.io/task": "t"}, changed["metadata"]["resourceVersion"])], 422, "Invalid")
+
+
+async def test_the_rebuild_looks_up_by_name_only_the_jobs_its_listing_missed() -> None:
+    """At a rebuild, only the Job a placed task's status names that the labelled listing lacks (its label removed)
+    is asked for by name: one GET, none for the task whose Job was listed nor for a pending task; the Job found is
+    known to the controller and its label is to be put back."""
+    client = FakeKubeClient()
+    operator = operator_with(client)
+    for name, labels in (("a", {"gputask.io/task": "a"}), ("b", {})):
+        made = await client.create(GPUTASKS, task(name), "ns")
+        status = {"phase": "Running", "jobName": f"{name}-1", "attempt": 1}
+        await client.patch(GPUTASKS, name, {"status": status}, "ns", status=True)
+        await client.create(JOBS, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+            "name": f"{name}-1", "namespace": "ns", "labels": labels,
+            "annotations": {"gputask.io/task-uid": made["metadata"]["uid"]}}}, "ns")
+    await client.create(GPUTASKS, task("waiting"), "ns")
+    await operator.rebuild()
+    await operator._stop_informers()
+    gets = [call for call in client.calls if call[:2] == ("get", "jobs")]
+    assert (gets, sorted(operator.controller.jobs), sorted(operator.executor.relabel.lost)) == (
+        [("get", "jobs", "b-1")], ["ns/a-1", "ns/b-1"], ["ns/b-1"])

@@ -76,6 +76,7 @@ class JobRecord:
     terminating: bool = False
     created: str = ""  # metadata.creationTimestamp (RFC 3339 sorts as time)
     flavor: str = ""  # the ResourceFlavor it was admitted in (annotation gputask.io/flavor)
+    uid: str = ""  # the Job's own metadata.uid ("" when not known)
 
     @property
     def key(self) -> str:
@@ -127,6 +128,7 @@ def job_record(obj: Mapping[str, Any]) -> JobRecord | None:
         bool(meta.get("deletionTimestamp")),
         str(meta.get("creationTimestamp") or ""),
         str(annotations.get(FLAVOR_ANNOTATION) or ""),
+        str(meta.get("uid") or ""),
     )
 
 
@@ -343,6 +345,18 @@ class Controller:
         key = holding_key(job)
         if self.scheduler.hold(key, job.placement, fit=fit) is not None:
             self.held[job.key] = key
+
+    def holds_gpus(self, job_key: str) -> bool:
+        """True when the Job ``namespace/name`` has GPUs reserved in the books: the unfinished Job of a placed task,
+        or a departing Job held until it is gone."""
+        job = self.jobs.get(job_key)
+        if job is None:
+            return False
+        if job_key in self.held:
+            return True
+        record = self.by_uid.get(job.task_uid)
+        return (record is not None and record.job_name == job.name and record.phase in PLACED_PHASES
+                and job.outcome is None)
 
     def departing(self, job: JobRecord | None, held: TaskKey | None) -> None:
         """An evicted task's Job goes away: the core's hold of its GPUs (``held``) lasts until the Job is

@@ -42,6 +42,7 @@ from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
 from gputask.k8s.pinner import PINNING_UNAVAILABLE, Pinner
 from gputask.k8s.pinning import Pinning
 from gputask.k8s.queue_status import QueueUpkeep
+from gputask.k8s.relabel import JobFeed, Relabeler
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe, set_condition
 from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
@@ -93,7 +94,14 @@ class Executor:
     """Applies decisions and reports; owns no scheduling state but the Job deletions still to retry."""
 
     def __init__(
-        self, controller: Controller, writer: Writer, metrics: OperatorMetrics | None = None, *, concurrency: int = 16
+        self,
+        controller: Controller,
+        writer: Writer,
+        metrics: OperatorMetrics | None = None,
+        *,
+        concurrency: int = 16,
+        gate: asyncio.Lock | None = None,
+        job_feed: JobFeed | None = None,
     ) -> None:
         self.controller = controller
         self.writer = writer
@@ -103,6 +111,7 @@ class Executor:
         self._due: list[tuple[float, str]] = []  # heap of (retry_at, Job key) of failed deletions; outdated skipped
         self.queues = QueueUpkeep(controller, writer)
         self.pinner = Pinner(controller.config, writer, self.metrics)
+        self.relabel = Relabeler(controller, writer, gate=gate, feed=job_feed)  # Jobs that lost the task label
         self._limit = asyncio.Semaphore(concurrency)
 
     @property
@@ -115,6 +124,7 @@ class Executor:
         self.deletions.clear()
         self.transitions.unwritten.clear()
         self.queues.reset()
+        self.relabel.reset()
 
     # -- decisions ------------------------------------------------------------------------------------
     async def apply(self, decisions: Iterable[Decision]) -> None:
@@ -323,6 +333,7 @@ class Executor:
         del self.deletions[job_key]
         await self.pinner.job_deleted(job.namespace, job.name)
         if not existed:
+            self.relabel.drop(job.key)  # nothing left to confirm or label
             self.controller.job_gone(job)
 
     async def retry_deletions(self) -> None:

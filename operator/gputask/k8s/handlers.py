@@ -45,6 +45,7 @@ from gputask.k8s.client import (
     ApiError,
     KubeApi,
     Listed,
+    NotFound,
     Resource,
 )
 from gputask.k8s.controller import Controller, Report
@@ -55,6 +56,7 @@ from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
 from gputask.k8s.kueue import KueueSupport
 from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
+from gputask.k8s.relabel import labelled, ours
 from gputask.k8s.tasks import PLACED_PHASES
 from gputask.k8s.writer import Writer
 from gputask.metrics import OperatorMetrics
@@ -75,7 +77,7 @@ REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "flavors": (GPURESOURCEFLAVORS, None),
     "queues": (GPUCLUSTERQUEUES, None),
     "localqueues": (GPULOCALQUEUES, None),
-    "jobs": (JOBS, "gputask.io/task"),
+    "jobs": (JOBS, TASK_LABEL),
     "tasks": (GPUTASKS, None),
 }
 
@@ -99,8 +101,9 @@ class Operator:
         self.controller = Controller(config)
         self.leading = False
         self.writer = Writer(client, self.metrics, leading=self.is_leading)
-        self.executor = Executor(self.controller, self.writer, self.metrics, concurrency=config.api_concurrency)
         self.gate = asyncio.Lock()
+        self.executor = Executor(self.controller, self.writer, self.metrics, concurrency=config.api_concurrency,
+                                 gate=self.gate, job_feed=lambda obj, deleted: self.job_event(obj, deleted=deleted))
         self.loop = SchedulingLoop(self.controller, self.executor, self.gate)
         self.kueue = KueueSupport(client, self.controller, self.executor, self.gate)
         namespace = config.namespace or None
@@ -132,10 +135,15 @@ class Operator:
         await self._stop_informers()
         try:
             objects, versions = await self._list_all()
+            unlisted = await self._unlisted_jobs(objects)
+            objects["jobs"] = [*objects["jobs"], *unlisted]
             async with self.gate:
                 self.controller.foreign.reset(objects["pods"])
                 self.executor.reset()
                 self.controller.rebuild(objects)
+                for job in unlisted:
+                    if not labelled(job):
+                        self.executor.relabel.found(job)
                 await self.kueue.rebuild(objects.get("workloads", []))
             listed = {_identity(o): _version(o) for kind in objects.values() for o in kind}
             buffered, self._buffer = self._buffer, None
@@ -167,6 +175,42 @@ class Operator:
                     raise kopf.TemporaryError(f"listing {kind} failed: {exc}", delay=5) from exc
                 objects[kind] = []  # e.g. no Kueue WorkloadPriorityClass API in this cluster
         return objects, versions
+
+    async def _unlisted_jobs(self, objects: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Our Jobs the labelled listing missed (their task label removed), found by name: the Job each placed
+        task's status names and the Job of each unfinished pod of ours, when not listed; one GET each, so a rebuild
+        whose Jobs were all listed asks nothing more. Raises kopf.TemporaryError when a GET fails other than 404:
+        releasing a Job that may still run would double-book its GPUs."""
+        listed = {_job_key(o) for o in objects.get("jobs", ())}
+        wanted = set()
+        for task in objects.get("tasks", ()):
+            status, meta = task.get("status") or {}, task["metadata"]
+            if status.get("phase") in PLACED_PHASES and isinstance(status.get("jobName"), str):
+                wanted.add(f"{meta.get('namespace') or 'default'}/{status['jobName']}")
+        for pod in objects.get("pods", ()):
+            meta = pod.get("metadata") or {}
+            if TASK_LABEL in (meta.get("labels") or {}):
+                wanted.update(f"{meta.get('namespace') or 'default'}/{ref['name']}"
+                              for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "Job")
+        limit = asyncio.Semaphore(self.config.api_concurrency)
+
+        async def fetch(key: str) -> dict[str, Any] | None:
+            namespace, name = key.split("/", 1)
+            async with limit:
+                try:
+                    return await self.client.get(JOBS, name, namespace)
+                except NotFound:
+                    return None
+                except ApiError as exc:
+                    raise kopf.TemporaryError(f"looking up Job {key} failed: {exc}", delay=5) from exc
+
+        found = await asyncio.gather(*(fetch(key) for key in sorted(wanted - listed)))
+        jobs = [obj for obj in found if obj is not None and ours(obj)]
+        for obj in jobs:
+            if not labelled(obj):
+                log.warning("Job %s lost its label %s: found by name, it keeps its GPUs and the label is put back",
+                            _job_key(obj), TASK_LABEL)
+        return jobs
 
     async def _stop_informers(self) -> None:
         for informer in self.informers.values():
@@ -392,38 +436,67 @@ class TaskFeed:
 
 
 class JobFeed:
-    """Events of our Jobs from the jobs informer into the controller, a batch per gate and wake."""
+    """Events of our Jobs from the jobs informer into the controller, a batch per gate and wake.
+
+    A Job with GPUs booked is never released on a DELETED or on its absence from a relisting alone: either may
+    mean that it only lost its task label (a real API server sends the same DELETED for both), so the
+    :class:`~gputask.k8s.relabel.Relabeler` asks the server first, and puts the label back on a Job still there.
+    """
 
     def __init__(self, operator: Operator) -> None:
         self.operator = operator
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order (Jobs without our task-uid annotation are not ours: the controller skips
-        them)."""
+        them); the DELETED of a booked Job is confirmed with the server before it is fed."""
         op = self.operator
         if not op.leading:
             return
+        relabel = op.executor.relabel
         async with op.gate:
             for event in events:
-                op.job_event(event["object"], deleted=event["type"] == "DELETED")
+                obj, deleted = event["object"], event["type"] == "DELETED"
+                key = _job_key(obj)
+                if deleted and op.controller.holds_gpus(key):
+                    relabel.doubt(op.controller.jobs[key], obj)
+                    continue
+                relabel.drop(key)
+                op.job_event(obj, deleted=deleted)
+        await relabel.settle()
         op.loop.wake()
 
     async def replace(self, listed: Listed) -> None:
-        """After a gap: every listed Job fed again, every known Job missing from the listing deleted."""
+        """After a gap: every listed Job fed again, every known Job missing from the listing deleted (a booked one
+        once the server confirms it is gone)."""
         op = self.operator
         if not op.leading:
             return
+        relabel = op.executor.relabel
         async with op.gate:
             present = set()
             for obj in listed.items:
+                key = _job_key(obj)
+                relabel.drop(key)
                 op.job_event(obj, deleted=False)
-                present.add(f"{obj['metadata'].get('namespace') or 'default'}/{obj['metadata']['name']}")
+                present.add(key)
             for key, job in list(op.controller.jobs.items()):
-                if key not in present:
-                    gone = {"metadata": {"name": job.name, "namespace": job.namespace,
-                                         "annotations": {TASK_UID_ANNOTATION: job.task_uid}}}
-                    op.job_event(gone, deleted=True)
+                if key in present:
+                    continue
+                if op.controller.holds_gpus(key):
+                    relabel.doubt(job)
+                    continue
+                relabel.drop(key)
+                gone = {"metadata": {"name": job.name, "namespace": job.namespace,
+                                     "annotations": {TASK_UID_ANNOTATION: job.task_uid}}}
+                op.job_event(gone, deleted=True)
+        await relabel.settle()
         op.loop.wake()
+
+
+def _job_key(obj: dict[str, Any]) -> str:
+    """``namespace/name`` of a Job."""
+    meta = obj["metadata"]
+    return f"{meta.get('namespace') or 'default'}/{meta['name']}"
 
 
 def _identity(obj: dict[str, Any]) -> tuple[str, str, str, str]:

@@ -125,14 +125,23 @@ class Event:
     def seen_as(self, namespace: str | None, matches: Callable[[Mapping[str, Any]], bool]) -> Obj | None:
         """This event as a watch with a namespace and selectors sees it, or None if it does not.
 
-        An object that starts or stops matching the selectors is ADDED or DELETED for that watch.
+        An object that starts or stops matching the selectors is ADDED or DELETED for that watch. The DELETED of
+        one that stops matching carries its previous state (which matched) at this event's resourceVersion, as the
+        watch cache sends it (k8s.io/apiserver/pkg/storage/cacher, ``cacheWatcher.convertToWatchEvent``: "return a
+        delete event with the previous object content, but with the event's resource version"): a watcher cannot
+        tell it from a deletion by the object alone.
         """
         if namespace is not None and self.obj["metadata"].get("namespace") != namespace:
             return None
         now_ok, was_ok = matches(self.obj), self.old is not None and matches(self.old)
         kind = self.type
         if kind == "MODIFIED" and now_ok != was_ok:
-            kind = "ADDED" if now_ok else "DELETED"
+            if not now_ok:
+                assert self.old is not None
+                previous = copy.deepcopy(self.old)
+                previous["metadata"]["resourceVersion"] = self.obj["metadata"]["resourceVersion"]
+                return {"type": "DELETED", "object": previous}
+            kind = "ADDED"
         elif not now_ok and not (kind == "DELETED" and was_ok):
             return None
         return {"type": kind, "object": self.obj}
@@ -266,6 +275,9 @@ class Store:
         version = proposed.get("metadata", {}).get("resourceVersion")
         if version and version != current["metadata"]["resourceVersion"]:
             raise conflict(res, key[2])
+        given = proposed.get("metadata", {}).get("uid")
+        if given and given != current["metadata"]["uid"]:  # a precondition (client-go's adoption patches send it)
+            raise invalid(res, key[2], f'metadata.uid: Invalid value: "{given}": field is immutable', kind=info.kind)
         has_status = "status" in info.subresources
         new = copy.deepcopy(current if subresource == "status" else proposed)
         if subresource == "status" or has_status:  # status and the rest change separately

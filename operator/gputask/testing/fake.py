@@ -74,6 +74,11 @@ def _qualified(res: Resource) -> str:
     return f"{res.plural}.{res.group}" if res.group else res.plural
 
 
+def _qualified_kind(res: Resource, obj: Mapping[str, Any]) -> str:
+    """``Kind.group`` as the API server names an object in a 422 (``Job.batch``)."""
+    return f"{obj.get('kind')}.{res.group}" if res.group else str(obj.get("kind"))
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -180,7 +185,7 @@ class FakeKubeClient:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             changed = self._changed
-            batch = [{"type": seen, "object": copy.deepcopy(obj)} for rv, key, etype, obj, old in self.history
+            batch = [seen for rv, key, etype, obj, old in self.history
                      if rv > since and key[:2] == (res.group, res.plural) and namespace in (None, key[2])
                      and (seen := _seen_as(etype, obj, old, labels)) is not None]
             if batch:
@@ -311,6 +316,10 @@ class FakeKubeClient:
                 f'"{current["metadata"]["name"]}": the object has been modified; please apply your '
                 "changes to the latest version and try again",
             )
+        given = (proposed.get("metadata") or {}).get("uid")
+        if given and given != current["metadata"].get("uid"):  # a precondition: that object was replaced since
+            raise ApiError(422, "Invalid", f'{_qualified_kind(res, current)} "{current["metadata"]["name"]}" is '
+                                           f'invalid: metadata.uid: Invalid value: "{given}": field is immutable')
         new = copy.deepcopy(current)
         if status:
             new["status"] = proposed.get("status")
@@ -343,16 +352,23 @@ def _immutable(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: meta[k] for k in keep if k in meta}
 
 
-def _seen_as(etype: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None, labels: str | None) -> str | None:
-    """The type a watch with label selector ``labels`` sees an event as, None when it does not see it: as the API
-    server does, a change that makes an object match is ADDED and one that makes it stop matching is DELETED (the
-    watch cache's filter, k8s.io/apiserver/pkg/storage/cacher, cacheWatcher.convertToWatchEvent)."""
+def _seen_as(
+    etype: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None, labels: str | None
+) -> dict[str, Any] | None:
+    """The event a watch with label selector ``labels`` sees (a copy), None when it does not see it: as the API
+    server does, a change that makes an object match is ADDED and one that makes it stop matching is DELETED
+    carrying the previous state (which matched) at the event's resourceVersion (the watch cache's filter,
+    k8s.io/apiserver/pkg/storage/cacher, cacheWatcher.convertToWatchEvent)."""
     now, was = _labels_match(obj, labels), old is not None and _labels_match(old, labels)
     if etype == "MODIFIED" and now != was:
-        return "ADDED" if now else "DELETED"
-    if etype == "DELETED":
-        return etype if was or (old is None and now) else None
-    return etype if now else None
+        if now:
+            return {"type": "ADDED", "object": copy.deepcopy(obj)}
+        assert old is not None
+        previous = copy.deepcopy(dict(old))
+        previous["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        return {"type": "DELETED", "object": previous}
+    seen = (was or (old is None and now)) if etype == "DELETED" else now
+    return {"type": etype, "object": copy.deepcopy(obj)} if seen else None
 
 
 def _labels_match(obj: Mapping[str, Any], selector: str | None) -> bool:
