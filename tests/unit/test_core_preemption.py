@@ -497,3 +497,22 @@ def test_fair_sharing_counts_the_preemptors_own_victims_that_fill_back_returns()
         s.submit(t)
     assert _run_until_quiet(s) == ([("ns/t2", "ns/t4")], True)  # t4 reclaims from qa; nothing preempts back
     assert sorted(s.running) == ["ns/t0", "ns/t1", "ns/t3", "ns/t4"]
+
+
+def test_fair_sharing_visits_the_preemptors_queue_with_its_request_counted() -> None:
+    """Kueue orders the target queues with the preemptor's request added to its own queue's share: a
+    (3 of 7 GPUs used, 6 with incoming) comes before b (4 used), so a2 goes first and b0 then passes
+    LessThanOrEqualToFinalShare; ordering a by its share without the request took its own a1 and a2."""
+    s = Scheduler(nodes=[node("n", *[24] * 7)])
+    for name, gpus in (("a", 3), ("b", 2), ("c", 2)):
+        s.set_queue(cq(name, cohort="o", gpus=gpus, within="LowerPriority", reclaim="Any", weight=1000))
+    running(
+        s,
+        task("b0", queue="b", priority=-1, created=0),
+        task("a1", queue="a", priority=-1, created=1),
+        task("b2", queue="b", count=2, created=2),
+        task("b3", queue="b", created=3),
+        task("a2", queue="a", count=2, priority=-1, created=4),
+    )
+    s.submit(task("incoming", queue="a", count=3, created=50))
+    assert _preempted(s.cycle(1.0)) == ["ns/a2", "ns/b0"]

@@ -266,12 +266,13 @@ class Planner:
     def _fair(self, task: Task, run: _Run, ordered: list[Victim], strategies: Sequence[str]) -> None:
         """Fair-sharing preemption (Kueue's ``fairPreemptions``; KEP-1714 rules S2-a and S2-b).
 
-        Queues holding candidates are visited highest share first. A same-queue candidate is taken
-        as it comes (the preemptor's share is then recomputed). Another queue's candidate is taken
-        when the first strategy holds; that queue is visited again while it still borrows
-        (``borrowWithinCohort`` plays no part: Kueue ignores it under fair sharing). When that is not
-        enough, the second strategy (LessThanInitialShare) takes the first skipped candidate of each
-        queue whose share is still above the preemptor's.
+        Queues holding candidates are visited highest share first, the preemptor's own with its
+        request counted (Kueue simulates it there while it orders the target ClusterQueues). A
+        same-queue candidate is taken as it comes (the preemptor's share is then recomputed). Another
+        queue's candidate is taken when the first strategy holds; that queue is visited again while it
+        still borrows (``borrowWithinCohort`` plays no part: Kueue ignores it under fair sharing). When
+        that is not enough, the second strategy (LessThanInitialShare) takes the first skipped
+        candidate of each queue whose share is still above the preemptor's.
 
         The plan that comes out (after fill-back) must also pass :meth:`_settles`: the guard that keeps
         two queues from preempting each other back and forth.
@@ -281,7 +282,7 @@ class Planner:
         initial = {queue: self.quotas.share(queue) for queue in others}  # the target queues' shares before
         new_share = self.quotas.share(task.queue, mine)
         retry: list[Victim] = []
-        heap = _QueueHeap(ordered, self.quotas, first_only=False)
+        heap = _QueueHeap(ordered, self.quotas, first_only=False, preemptor=(task.queue, mine))
         while heap and run.placement is None:
             queue, share, victims = heap.pop()
             if queue == task.queue:
@@ -291,7 +292,7 @@ class Planner:
                     break
                 new_share = self.quotas.share(task.queue, mine)
                 if victims[1:]:
-                    heap.push(queue, self.quotas.share(queue), victims[1:])
+                    heap.push(queue, new_share, victims[1:])
                 continue
             for i, victim in enumerate(victims):
                 after = self.quotas.share(queue, {r: -a for r, a in victim.usage.items()})
@@ -400,16 +401,25 @@ def _strategy(name: str, preemptor_new: float, victim_queue_old: float, victim_q
 
 class _QueueHeap:
     """Queues holding candidates, highest share first (ties: the queue whose candidate came first),
-    each with its candidates in order (Kueue's ``cqHeapFromCandidates``)."""
+    each with its candidates in order (Kueue's ``TargetClusterQueueOrdering``). ``preemptor``: the
+    preemptor's queue and its request, counted in that queue's share as Kueue simulates it."""
 
-    def __init__(self, victims: Iterable[Victim], quotas: QuotaBook, *, first_only: bool) -> None:
+    def __init__(
+        self,
+        victims: Iterable[Victim],
+        quotas: QuotaBook,
+        *,
+        first_only: bool,
+        preemptor: tuple[str, Usage] | None = None,
+    ) -> None:
         self.entries: dict[str, tuple[float, list[Victim]]] = {}
         self.rank: dict[str, int] = {}
         for v in victims:
             queue = v.task.queue
             if queue not in self.entries:
                 self.rank[queue] = len(self.rank)
-                self.entries[queue] = (quotas.share(queue), [v])
+                extra = preemptor[1] if preemptor is not None and preemptor[0] == queue else None
+                self.entries[queue] = (quotas.share(queue, extra), [v])
             elif not first_only:
                 self.entries[queue][1].append(v)
 
