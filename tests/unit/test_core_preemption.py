@@ -445,3 +445,74 @@ def test_fair_sharing_does_not_preempt_between_queues_whose_shares_only_round_eq
         running(s, a, b)
     s.submit(task("a-more", queue="qa", memory_gib=1, created=20))
     assert _preempted(s.cycle(30.0)) == []
+
+
+def _run_until_quiet(s: Scheduler, cycles: int = 20) -> tuple[list[tuple[str, str]], bool]:
+    """Cycles (each victim gone at once) until two in a row admit and evict nothing: the (victim,
+    preemptor) pairs in order, and whether the run went quiet within ``cycles``."""
+    pairs: list[tuple[str, str]] = []
+    quiet = 0
+    for step in range(cycles):
+        decisions = s.cycle(float(step))
+        for d in decisions:
+            if isinstance(d, Evict) and d.reason == "Preempted":
+                pairs.append((d.task.key, str(d.by)))
+                s.victim_gone(d.task.key)
+        quiet = 0 if any(isinstance(d, (Admit, Evict)) for d in decisions) else quiet + 1
+        if quiet == 2:
+            return pairs, True
+    return pairs, False
+
+
+def test_fair_sharing_judges_the_preemptors_share_by_the_gpus_it_is_placed_on() -> None:
+    """A fair-sharing preemption holds only if the preemptor's queue, charged for the GPUs it really
+    gets, ends below the target queue's share: judged on its cheapest GPUs (24Gi) and packed on 16Gi
+    ones, t0 took t2 and t2 took t0 back at every cycle."""
+    fair = dict(cohort="org", gpus=1, weight=1000)
+    s = Scheduler(nodes=[node("n0", 16, 16, 24)])
+    s.set_queue(cq("qa", reclaim="LowerPriority", **fair))  # type: ignore[arg-type]
+    s.set_queue(cq("qb", reclaim="Any", **fair))  # type: ignore[arg-type]
+    t2 = task("t2", queue="qa", count=2, memory_gib=12, priority=1, created=2)
+    for t in (task("t0", queue="qb", count=2, memory_gib=12), task("t1", queue="qa", created=1), t2):
+        s.submit(t)
+    assert _run_until_quiet(s) == ([], True)
+    assert {k: e.placement for k, e in s.running.items()} == {t2.key: placed("n0", (0, 12 * GIB), (1, 12 * GIB))}
+
+
+def test_fair_sharing_counts_the_preemptors_own_victims_that_fill_back_returns() -> None:
+    """Kueue issue 14543: t2 took qb's t1 judged with its own queue's t3 gone, then fill-back returned
+    t3 and qa ended above qb, so t1 took t2's place and t2 evicted t1 again; a plan whose preemptor's
+    queue ends at or above its target's share is dropped, and the run settles after t4's reclaim."""
+    s = Scheduler(nodes=[node("n0", 16, 16, 16, 24), node("n1", 16, 16, 16, 24)])
+    s.set_queue(cq("qa", cohort="org", gpus=4, within="LowerOrNewerEqualPriority", reclaim="Any", weight=1000))
+    s.set_queue(cq("qb", cohort="org", gpus=2, reclaim="Any", weight=1000))
+    tasks = [
+        task("t0", queue="qa", count=2),
+        task("t1", queue="qb", count=2, memory_gib=12, created=1),
+        task("t2", queue="qa", count=2, created=2),
+        task("t3", queue="qa", memory_gib=8, created=3),
+        task("t4", queue="qb", memory_gib=12, created=4),
+    ]
+    for t in tasks:
+        s.submit(t)
+    assert _run_until_quiet(s) == ([("ns/t2", "ns/t4")], True)  # t4 reclaims from qa; nothing preempts back
+    assert sorted(s.running) == ["ns/t0", "ns/t1", "ns/t3", "ns/t4"]
+
+
+def test_fair_sharing_visits_the_preemptors_queue_with_its_request_counted() -> None:
+    """Kueue orders the target queues with the preemptor's request added to its own queue's share: a
+    (3 of 7 GPUs used, 6 with incoming) comes before b (4 used), so a2 goes first and b0 then passes
+    LessThanOrEqualToFinalShare; ordering a by its share without the request took its own a1 and a2."""
+    s = Scheduler(nodes=[node("n", *[24] * 7)])
+    for name, gpus in (("a", 3), ("b", 2), ("c", 2)):
+        s.set_queue(cq(name, cohort="o", gpus=gpus, within="LowerPriority", reclaim="Any", weight=1000))
+    running(
+        s,
+        task("b0", queue="b", priority=-1, created=0),
+        task("a1", queue="a", priority=-1, created=1),
+        task("b2", queue="b", count=2, created=2),
+        task("b3", queue="b", created=3),
+        task("a2", queue="a", count=2, priority=-1, created=4),
+    )
+    s.submit(task("incoming", queue="a", count=3, created=50))
+    assert _preempted(s.cycle(1.0)) == ["ns/a2", "ns/b0"]

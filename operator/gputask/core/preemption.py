@@ -136,12 +136,14 @@ def under_nominal(quotas: QuotaBook, queue: str, resources: Iterable[str]) -> bo
 
 @dataclass(slots=True)
 class _Run:
-    """One node's trial: the candidates taken so far (released), whether borrowing is still allowed."""
+    """One node's trial: the candidates taken so far (released), whether borrowing is still allowed, and
+    under fair sharing the share the preemptor's queue must end below (:meth:`Planner._fair`; None: any)."""
 
     state: NodeState
     allow_borrowing: bool
     taken: list[Victim] = field(default_factory=list)
     placement: Placement | None = None
+    share_below: float | None = None
 
 
 class Planner:
@@ -213,6 +215,8 @@ class Planner:
                 search(run, on_node)
                 if run.placement is not None:
                     self._fill_back(task, run)
+                    if not self._settles(task, run):
+                        run.placement = None
                 victims, placement = list(run.taken), run.placement
             finally:
                 for v in reversed(run.taken):
@@ -262,17 +266,23 @@ class Planner:
     def _fair(self, task: Task, run: _Run, ordered: list[Victim], strategies: Sequence[str]) -> None:
         """Fair-sharing preemption (Kueue's ``fairPreemptions``; KEP-1714 rules S2-a and S2-b).
 
-        Queues holding candidates are visited highest share first. A same-queue candidate is taken
-        as it comes (the preemptor's share is then recomputed). Another queue's candidate is taken
-        when the first strategy holds; that queue is visited again while it still borrows
-        (``borrowWithinCohort`` plays no part: Kueue ignores it under fair sharing). When that is not
-        enough, the second strategy (LessThanInitialShare) takes the first skipped candidate of each
-        queue whose share is still above the preemptor's.
+        Queues holding candidates are visited highest share first, the preemptor's own with its
+        request counted (Kueue simulates it there while it orders the target ClusterQueues). A
+        same-queue candidate is taken as it comes (the preemptor's share is then recomputed). Another
+        queue's candidate is taken when the first strategy holds; that queue is visited again while it
+        still borrows (``borrowWithinCohort`` plays no part: Kueue ignores it under fair sharing). When
+        that is not enough, the second strategy (LessThanInitialShare) takes the first skipped
+        candidate of each queue whose share is still above the preemptor's.
+
+        The plan that comes out (after fill-back) must also pass :meth:`_settles`: the guard that keeps
+        two queues from preempting each other back and forth.
         """
         mine = self._request_on(task, run.state)
+        others = dict.fromkeys(v.task.queue for v in ordered if v.task.queue != task.queue)
+        initial = {queue: self.quotas.share(queue) for queue in others}  # the target queues' shares before
         new_share = self.quotas.share(task.queue, mine)
         retry: list[Victim] = []
-        heap = _QueueHeap(ordered, self.quotas, first_only=False)
+        heap = _QueueHeap(ordered, self.quotas, first_only=False, preemptor=(task.queue, mine))
         while heap and run.placement is None:
             queue, share, victims = heap.pop()
             if queue == task.queue:
@@ -282,12 +292,12 @@ class Planner:
                     break
                 new_share = self.quotas.share(task.queue, mine)
                 if victims[1:]:
-                    heap.push(queue, self.quotas.share(queue), victims[1:])
+                    heap.push(queue, new_share, victims[1:])
                 continue
             for i, victim in enumerate(victims):
                 after = self.quotas.share(queue, {r: -a for r, a in victim.usage.items()})
                 if _strategy(strategies[0], new_share, share, after):
-                    self._take(run, victim)
+                    self._take_from(run, victim, initial[queue])
                     run.placement = self._fits(task, run)
                     if run.placement is None and victims[i + 1 :] and self.quotas.is_borrowing(queue, self.needing):
                         heap.push(queue, after, victims[i + 1 :])
@@ -298,13 +308,49 @@ class Planner:
             while heap and run.placement is None:
                 queue, share, victims = heap.pop()
                 if _strategy(strategies[1], new_share, share, 0):
-                    self._take(run, victims[0])
+                    self._take_from(run, victims[0], initial[queue])
                     run.placement = self._fits(task, run)
 
     # -- trial steps -------------------------------------------------------------------------------
     def _take(self, run: _Run, victim: Victim) -> None:
         self._release(victim)
         run.taken.append(victim)
+
+    def _settles(self, task: Task, run: _Run) -> bool:
+        """The guard beyond Kueue on a fair-sharing plan found and filled back on ``run`` (its victims
+        released): when it takes another queue's task, the preemptor's queue, charged for the placement
+        it really gets, must borrow nothing or end with a share strictly below the share every target
+        queue had before the preemption (``_Run.share_below``).
+
+        That is the conclusion of Kueue's proof that two workloads never preempt each other (docs,
+        concepts/fair_sharing, Lemma 1), which its strategies give only when the share they judge is
+        the share admitted. Here it is not always so. The strategies judge the preemptor on its
+        cheapest GPUs (:meth:`_request_on`) while the policy may pack it on smaller ones that charge
+        more milli-GPU. And a same-queue victim, taken first so that the preemptor's share drops and
+        another queue's task passes a strategy, may be returned by fill-back, raising the share again
+        (Kueue's own open issue 14543, "FairSharing: infinite preemption loop"; Kueue does the same).
+        Either way the preemptor's queue could end above its target's, and the victim take its place
+        back at the next cycle, and so on forever (an admit-evict loop of Jobs). With the guard each
+        cross-queue preemption strictly lowers the highest share among the queues involved and leaves
+        the preemptor's below its targets', as the proof assumes, so the victim's queue cannot take
+        the place back while the shares stand. (Loops through plain admissions into quota that a
+        preemption freed beyond its need lie outside that proof and this guard, as in Kueue.)
+        A plan that fails it is dropped, not mended by keeping the returned victim out: that victim
+        would be admitted again at once, in the quota the preemption freed.
+        """
+        if run.share_below is None or run.placement is None:
+            return True
+        gpus = run.state.node.gpus
+        usage = usage_of(run.placement, {g.index: g.memory_mib for g in gpus}, task.flavor, task.card_mib)
+        if self.quotas.share(task.queue, usage) < run.share_below:
+            return True
+        return self.quotas.beyond_nominal(task.queue, usage) is None and not self.quotas.is_borrowing(task.queue)
+
+    def _take_from(self, run: _Run, victim: Victim, target_share: float) -> None:
+        """Take another queue's ``victim`` under fair sharing; ``target_share``: its queue's share before
+        the preemption, which the preemptor's queue must then end below."""
+        self._take(run, victim)
+        run.share_below = target_share if run.share_below is None else min(run.share_below, target_share)
 
     def _release(self, victim: Victim) -> None:
         self.cluster.release(victim.task.key)
@@ -355,16 +401,25 @@ def _strategy(name: str, preemptor_new: float, victim_queue_old: float, victim_q
 
 class _QueueHeap:
     """Queues holding candidates, highest share first (ties: the queue whose candidate came first),
-    each with its candidates in order (Kueue's ``cqHeapFromCandidates``)."""
+    each with its candidates in order (Kueue's ``TargetClusterQueueOrdering``). ``preemptor``: the
+    preemptor's queue and its request, counted in that queue's share as Kueue simulates it."""
 
-    def __init__(self, victims: Iterable[Victim], quotas: QuotaBook, *, first_only: bool) -> None:
+    def __init__(
+        self,
+        victims: Iterable[Victim],
+        quotas: QuotaBook,
+        *,
+        first_only: bool,
+        preemptor: tuple[str, Usage] | None = None,
+    ) -> None:
         self.entries: dict[str, tuple[float, list[Victim]]] = {}
         self.rank: dict[str, int] = {}
         for v in victims:
             queue = v.task.queue
             if queue not in self.entries:
                 self.rank[queue] = len(self.rank)
-                self.entries[queue] = (quotas.share(queue), [v])
+                extra = preemptor[1] if preemptor is not None and preemptor[0] == queue else None
+                self.entries[queue] = (quotas.share(queue, extra), [v])
             elif not first_only:
                 self.entries[queue][1].append(v)
 
