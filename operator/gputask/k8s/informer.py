@@ -1,6 +1,6 @@
-"""List, then watch: the operator's own informer for its two hot kinds, GPUTasks and its Jobs.
+"""List, then watch: the operator's own informer for its hot kinds, GPUTasks, its Jobs and pods.
 
-Why not kopf for these two (kopf stays the framework for every other kind): in a 2,000-task burst
+Why not kopf for these (kopf stays the framework for every other kind): in a 2,000-task burst
 (``bench/e2e_burst.py --profile``, py-spy) the operator spent 48% of its CPU in kopf's per-event machinery
 for the three events each task causes (its GPUTask added, the echo of our status write, its Job added): a
 worker task per object, and per event a body, patch, logger, cause and memo built and the handler invoked
@@ -65,7 +65,8 @@ class Sink(Protocol):
 class Informer:
     """Keeps one resource's objects flowing into a :class:`Sink`, from a resourceVersion on.
 
-    ``namespace`` None watches every namespace; ``labels`` is a label selector the server applies.
+    ``namespace`` None watches every namespace; ``labels`` and ``fields`` are a label and a field selector the
+    server applies (an object that stops matching them comes as DELETED, with its previous state).
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class Informer:
         *,
         namespace: str | None = None,
         labels: str | None = None,
+        fields: str | None = None,
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         self.client = client
@@ -83,6 +85,7 @@ class Informer:
         self.sink = sink
         self.namespace = namespace
         self.labels = labels
+        self.fields = fields
         self.timeout_s = timeout_s
         self.resource_version = ""
         self.relists = 0  # LISTs after a 410 (a gap in the watch)
@@ -166,7 +169,7 @@ class Informer:
     async def _watch(self) -> None:
         """One watch request, from the current resourceVersion until the server ends it."""
         stream = self.client.watch(self.resource, self.namespace, resource_version=self.resource_version,
-                                   labels=self.labels, timeout_s=self.timeout_s)
+                                   labels=self.labels, fields=self.fields, timeout_s=self.timeout_s)
         try:
             async for batch in stream:
                 events = []
@@ -190,7 +193,8 @@ class Informer:
         failures = 0
         while True:
             try:
-                listed = await self.client.list_versioned(self.resource, self.namespace, labels=self.labels)
+                listed = await self.client.list_versioned(self.resource, self.namespace, labels=self.labels,
+                                                          fields=self.fields)
                 break
             except ApiError as exc:
                 failures += 1
