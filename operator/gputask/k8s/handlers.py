@@ -112,9 +112,11 @@ class Operator:
         self.informers = {
             "tasks": Informer(client, GPUTASKS, TaskFeed(self), namespace=namespace),
             "jobs": Informer(client, JOBS, JobFeed(self), namespace=namespace, labels=REBUILD_ORDER["jobs"][1]),
-            "taskpods": Informer(client, PODS, TaskPodFeed(self), namespace=namespace, labels=TASK_LABEL),
+            "taskpods": Informer(client, PODS, TaskPodFeed(self), namespace=namespace, labels=TASK_LABEL,
+                                 name="pods of tasks"),
             # every namespace: a node's foreign pods take its GPUs and room whichever namespace they are in
-            "foreignpods": Informer(client, PODS, ForeignPodFeed(self), labels=FOREIGN_LABELS, fields=FOREIGN_PODS),
+            "foreignpods": Informer(client, PODS, ForeignPodFeed(self), labels=FOREIGN_LABELS, fields=FOREIGN_PODS,
+                                    name="foreign pods"),
         }
         self.registry = kopf.OperatorRegistry()
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -390,11 +392,16 @@ class Operator:
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)
 
 
-class TaskFeed:
-    """GPUTask events from the tasks informer into the controller, a batch per gate and wake."""
+class Feed:
+    """What the informers' feeds share: the operator they feed (only while it leads; a standby drops events, as its
+    rebuild lists everything when it becomes the leader)."""
 
     def __init__(self, operator: Operator) -> None:
         self.operator = operator
+
+
+class TaskFeed(Feed):
+    """GPUTask events from the tasks informer into the controller, a batch per gate and wake."""
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order; tasks that changed are due for the Kueue check."""
@@ -426,16 +433,13 @@ class TaskFeed:
         op.kueue.note_everyone()
 
 
-class JobFeed:
+class JobFeed(Feed):
     """Events of our Jobs from the jobs informer into the controller, a batch per gate and wake.
 
     A Job with GPUs booked is never released on a DELETED or on its absence from a relisting alone: either may
     mean that it only lost its task label (a real API server sends the same DELETED for both), so the
     :class:`~gputask.k8s.relabel.Relabeler` asks the server first, and puts the label back on a Job still there.
     """
-
-    def __init__(self, operator: Operator) -> None:
-        self.operator = operator
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order (Jobs without our task-uid annotation are not ours: the controller skips
@@ -484,12 +488,9 @@ class JobFeed:
         op.loop.wake()
 
 
-class TaskPodFeed:
+class TaskPodFeed(Feed):
     """Events of the pods of our Jobs from the task-pods informer into the controller, a batch per gate and wake:
     a pod running (the task is Running), one that cannot be scheduled, the pods whose GPU memory is ours."""
-
-    def __init__(self, operator: Operator) -> None:
-        self.operator = operator
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order."""
@@ -513,16 +514,13 @@ class TaskPodFeed:
         op.loop.wake()
 
 
-class ForeignPodFeed:
+class ForeignPodFeed(Feed):
     """Events of foreign pods (no task label, bound, not finished: the informer's selectors) from their informer into
     the foreign-pod index, a batch per gate and wake; the nodes whose foreign pods changed are recounted.
 
     It runs only while this instance leads: a standby's index would be of no use, as the rebuild lists foreign pods
     again (:meth:`~gputask.k8s.foreign.ForeignPods.reset`) before the new leader's first cycle.
     """
-
-    def __init__(self, operator: Operator) -> None:
-        self.operator = operator
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order; a pod that finishes leaves the field selector and comes as DELETED."""
