@@ -4,6 +4,7 @@ pace with what the API server accepts?
 Usage::
 
     python bench/e2e_burst.py [--tasks 2000] [--nodes 100] [--clients 8] [--out bench/results/e2e_burst.json]
+                              [--pods] [--churn N]
 
 Three processes, as in a cluster: the API emulator (``gputask.testing.EmulatorServer``, serving over
 loopback HTTP with its request records bounded, so each request costs the same however many came before),
@@ -11,7 +12,12 @@ the operator (``gputask run --kubeconfig ...``, its own interpreter) and this dr
 ``--nodes`` GPU nodes of 8 x 80Gi and one queue with room for every task, waits until the operator has
 written the queue's status (it leads), then creates ``--tasks`` GPUTasks (``gpuFraction: 0.25``, so GPUs
 suffice) from ``--clients`` threads as fast as the API answers, while a watch on Jobs records when each
-task's Job appears.
+task's Job appears. With ``--pods`` the driver also stands in for the Job controller and the kubelet (as
+``gputask demo`` does, :func:`gputask.demo.demo_pod`): each Job seen gets its pod, bound to the Job's node and then
+Running, from 4 threads; ``--churn N`` adds N lifecycles of unrelated pods during the burst (each created bound to a
+node, Running, Succeeded, deleted; 2 threads), the cluster's other work the operator also watches. With either, the
+CPU figures are read once the pods are all written and the operator has gone quiet (under a tenth of a core for
+2 s), so they include its work for every pod event.
 
 Reports: the API's accept rate (creates / time from the first create sent to the last answered), the
 operator's Jobs/s (Jobs / time from the first create sent to the last Job seen), their ratio, the
@@ -29,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -89,7 +96,8 @@ def serve_emulator(port: int, kubeconfig: Path) -> None:
             for answer in server.emulator.answers:  # the writes (bounded deque): what the operator sent, by kind
                 parts = answer.path.split("?")[0].strip("/").split("/")
                 kind = "/".join(p for p in parts[-3:] if p not in ("default", "namespaces"))
-                key = f"{answer.method} {re.sub(r'/t[0-9]{5}(-[0-9]+)?', '/*', kind)} {answer.status}"
+                kind = re.sub(r"/(t[0-9]{5}(-[0-9]+)?(-pod)?|other-[0-9]{6})", "/*", kind)  # tasks, Jobs, pods
+                key = f"{answer.method} {kind} {answer.status}"
                 counts[key] = counts.get(key, 0) + 1
             Path(str(kubeconfig) + ".writes.json").write_text(json.dumps(counts, indent=1, sort_keys=True))
 
@@ -188,9 +196,50 @@ def task_body(name: str) -> dict[str, Any]:
                      "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}}}
 
 
-def watch_jobs(api: Any, seen: dict[str, float], stop: threading.Event) -> None:
-    """Record when each task's Job is first seen (a watch on Jobs in default), until ``stop``. Events are read as
-    plain JSON (no model classes): the driver shares the machine with what it measures."""
+def make_pods(kubeconfig: Path, jobs: queue.Queue[dict[str, Any] | None]) -> int:
+    """Until a None comes: for each Job from ``jobs``, its pod (bound to the Job's node, as the Job controller and
+    the scheduler would) and then its status Running (as the kubelet would); returns the pods made."""
+    from kubernetes import client as k8s
+
+    from gputask.demo import demo_pod
+    from gputask.k8s.client import load_api_client
+
+    core = k8s.CoreV1Api(load_api_client(str(kubeconfig), user_agent="e2e-burst-pods", pool_size=2))
+    running = {"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                             {"type": "Ready", "status": "True"}]}}
+    made = 0
+    while (job := jobs.get()) is not None:
+        name = f"{job['metadata']['name']}-pod"
+        core.create_namespaced_pod("default", demo_pod(job, name), _preload_content=False)
+        core.patch_namespaced_pod_status(name, "default", running, _preload_content=False)
+        made += 1
+    return made
+
+
+def churn_pods(kubeconfig: Path, nodes: int, names: range) -> None:
+    """One lifecycle per name of a pod gputask did not create: created bound to a node (1 CPU, no GPU), Running,
+    Succeeded, deleted."""
+    from kubernetes import client as k8s
+
+    from gputask.k8s.client import load_api_client
+
+    core = k8s.CoreV1Api(load_api_client(str(kubeconfig), user_agent="e2e-burst-churn", pool_size=2))
+    for i in names:
+        name = f"other-{i:06d}"
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "other"}},
+                "spec": {"nodeName": f"node-{i % nodes:04d}", "containers": [
+                    {"name": "main", "image": "busybox:1.36", "resources": {"requests": {"cpu": "1"}}}]}}
+        core.create_namespaced_pod("default", body, _preload_content=False)
+        for phase in ("Running", "Succeeded"):
+            core.patch_namespaced_pod_status(name, "default", {"status": {"phase": phase}}, _preload_content=False)
+        core.delete_namespaced_pod(name, "default", _preload_content=False)
+
+
+def watch_jobs(api: Any, seen: dict[str, float], stop: threading.Event,
+               made: queue.Queue[dict[str, Any] | None] | None = None) -> None:
+    """Record when each task's Job is first seen (a watch on Jobs in default), until ``stop``; with ``made``, each
+    Job seen the first time is put there (for its pod). Events are read as plain JSON (no model classes): the driver
+    shares the machine with what it measures."""
     from kubernetes import client as k8s
     from kubernetes.watch.watch import iter_resp_lines
 
@@ -200,6 +249,8 @@ def watch_jobs(api: Any, seen: dict[str, float], stop: threading.Event) -> None:
         name = ((job.get("metadata") or {}).get("labels") or {}).get("gputask.io/task", "")
         if name and name not in seen:
             seen[name] = time.monotonic()
+            if made is not None:
+                made.put(job)
 
     version = ""
     while not stop.is_set():
@@ -226,8 +277,10 @@ def watch_jobs(api: Any, seen: dict[str, float], stop: threading.Event) -> None:
             response.release_conn()
 
 
-def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[str, Any]:
-    """Create the tasks from ``clients`` threads; return timings."""
+def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float, *, pods: bool = False, churn: int = 0,
+          nodes: int = 1) -> dict[str, Any]:
+    """Create the tasks from ``clients`` threads (with ``pods``, each Job's pod; with ``churn``, that many unrelated
+    pod lifecycles besides); return timings once every Job is seen and every pod written."""
     from kubernetes import client as k8s
 
     from gputask.k8s.client import load_api_client
@@ -236,8 +289,13 @@ def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[
     answered: dict[str, float] = {}
     seen: dict[str, float] = {}
     stop = threading.Event()
-    watcher = threading.Thread(target=watch_jobs, args=(load_api_client(str(kubeconfig)), seen, stop), daemon=True)
+    jobs: queue.Queue[dict[str, Any] | None] | None = queue.Queue() if pods else None
+    watcher = threading.Thread(target=watch_jobs, args=(load_api_client(str(kubeconfig)), seen, stop, jobs),
+                               daemon=True)
     watcher.start()
+    helpers = ThreadPoolExecutor(max_workers=6)
+    makers = [helpers.submit(make_pods, kubeconfig, jobs) for _ in range(4)] if jobs is not None else []
+    churners = [helpers.submit(churn_pods, kubeconfig, nodes, range(k, churn, 2)) for k in range(2)] if churn else []
     time.sleep(0.5)
 
     def create(i: int) -> None:
@@ -254,6 +312,12 @@ def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[
     while len(seen) < tasks and time.monotonic() < deadline:
         time.sleep(0.1)
     stop.set()
+    for _ in makers:
+        jobs.put(None)  # type: ignore[union-attr]
+    pods_made = sum(m.result() for m in makers)
+    for churner in churners:
+        churner.result()
+    helpers.shutdown()
     last = max(seen.values(), default=time.monotonic())
     latencies = [seen[n] - answered[n] for n in seen if n in answered]
     accept_rate = tasks / (accepted - started)
@@ -267,6 +331,7 @@ def burst(kubeconfig: Path, tasks: int, clients: int, timeout_s: float) -> dict[
         "latencyP99S": round(percentile(latencies, 99), 3) if latencies else None,
         "burstSeconds": round(last - started, 2),
         "createSeconds": round(accepted - started, 2),
+        **({"podsMade": pods_made} if pods else {}), **({"churnedPods": churn} if churn else {}),
     }
 
 
@@ -309,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-text", default="cycleInterval: 0.5\n", help="the operator's configuration (YAML)")
     parser.add_argument("--backlog", type=int, default=0, help="waiting tasks created first (a queue with no quota)")
     parser.add_argument("--restart", action="store_true", help="then restart the operator and time a new admission")
+    parser.add_argument("--pods", action="store_true", help="the driver makes each Job's pod and runs it")
+    parser.add_argument("--churn", type=int, default=0, help="unrelated pod lifecycles during the burst")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy both processes into this folder")
     parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # the emulator process
@@ -356,7 +423,10 @@ def main(argv: list[str] | None = None) -> int:
                "driver": time.process_time()}
         split, switches = cpu_split(operator.pid), context_switches(operator.pid)
         load_before = os.getloadavg()[0]
-        figures = burst(kubeconfig, args.tasks, args.clients, args.timeout)
+        figures = burst(kubeconfig, args.tasks, args.clients, args.timeout, pods=args.pods, churn=args.churn,
+                        nodes=args.nodes)
+        if args.pods or args.churn:
+            settle(operator.pid, quiet_s=2.0)  # the operator's work for the last pod events done
         figures["loadAverage1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
         used = {"emulator": cpu_seconds(emulator.pid) - cpu["emulator"],
                 "operator": cpu_seconds(operator.pid) - cpu["operator"], "driver": time.process_time() - cpu["driver"]}

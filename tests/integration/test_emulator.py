@@ -235,6 +235,27 @@ async def test_leaving_a_label_selector_is_deleted_with_the_previous_state_at_th
         "DELETED", {"app": "a"}, changed["metadata"]["resourceVersion"])
 
 
+async def test_leaving_a_field_selector_is_deleted_with_the_previous_state_at_the_new_version(
+    api: aiohttp.ClientSession,
+) -> None:
+    """A watch on bound, unfinished pods (the operator's foreign-pod selector) gets a pod that is bound as ADDED and
+    one that finishes (phase Succeeded) as DELETED with its previous content (phase Running) at the resourceVersion
+    of the change, as the watch cache sends an object that stops matching a field selector."""
+    path = "/api/v1/namespaces/default/pods"
+    fields = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    async with api.get(path, params={"watch": "true", "fieldSelector": fields}) as resp:
+        await make(api, path, "pending")
+        made = await make(api, path, "p1", spec={"nodeName": "n1"})
+        _, running = await call(api, "PATCH", f"{path}/p1/status", {"status": {"phase": "Running"}}, MERGE)
+        _, finished = await call(api, "PATCH", f"{path}/p1/status", {"status": {"phase": "Succeeded"}}, MERGE)
+        events = await read_events(resp, 3)
+    seen = [(e["type"], e["object"]["metadata"]["name"], e["object"]["status"]["phase"],
+             e["object"]["metadata"]["resourceVersion"]) for e in events]
+    assert seen == [("ADDED", "p1", "Pending", made["metadata"]["resourceVersion"]),
+                    ("MODIFIED", "p1", "Running", running["metadata"]["resourceVersion"]),
+                    ("DELETED", "p1", "Running", finished["metadata"]["resourceVersion"])]
+
+
 async def test_a_patch_naming_another_uid_is_invalid(api: aiohttp.ClientSession) -> None:
     """A patch whose metadata.uid is not the object's (a precondition, as client-go's adoption patches send it) is
     422 Invalid, field is immutable, and changes nothing."""

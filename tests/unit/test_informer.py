@@ -10,8 +10,9 @@ import pytest
 
 from gputask.config import Config
 from gputask.k8s import informer as informer_module
-from gputask.k8s.client import GPUTASKS, JOBS, ApiError
-from gputask.k8s.handlers import Operator
+from gputask.k8s.client import GPUTASKS, JOBS, PODS, ApiError
+from gputask.k8s.foreign import FOREIGN_PODS
+from gputask.k8s.handlers import FOREIGN_LABELS, Operator
 from gputask.k8s.informer import Informer
 from gputask.testing.fake import FakeKubeClient
 from harness import Recorder
@@ -216,3 +217,114 @@ async def test_the_rebuild_looks_up_by_name_only_the_jobs_its_listing_missed() -
     gets = [call for call in client.calls if call[:2] == ("get", "jobs")]
     assert (gets, sorted(operator.controller.jobs), sorted(operator.executor.relabel.lost)) == (
         [("get", "jobs", "b-1")], ["ns/a-1", "ns/b-1"], ["ns/b-1"])
+
+
+def pod(name: str, *, node: str | None = "node-a", job: str | None = None, gpus: int = 1) -> dict[str, Any]:
+    """A pod in ``ns`` asking ``gpus`` nvidia.com/gpu, bound to ``node`` (a pod of Job ``job``, with its task label,
+    when given; foreign otherwise). No status: a create does not take one."""
+    meta: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if job is not None:
+        meta |= {"labels": {"gputask.io/task": "t"}, "ownerReferences": [{"kind": "Job", "name": job, "uid": "j"}]}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def foreign_view(operator: Operator) -> dict[str, list[str]]:
+    """The operator's foreign-pod index: node -> names of the pods counted on it."""
+    return {node: sorted(p.name for p in pods.values()) for node, pods in operator.controller.foreign.by_node.items()}
+
+
+async def test_a_pod_that_finishes_leaves_the_foreign_selectors_as_deleted_with_its_previous_state() -> None:
+    """With the foreign-pod selectors, an unbound pod is not seen, its binding is ADDED and its finishing (phase
+    Succeeded) is DELETED carrying the pod as it was (Running) at the change's resourceVersion; a pod of ours never
+    shows."""
+    client = FakeKubeClient()
+    since = (await client.list_versioned(PODS)).resource_version
+    await client.create(PODS, pod("p", node=None), "ns")
+    await client.create(PODS, pod("ours", job="t-1"), "ns")
+    await client.patch(PODS, "p", {"spec": {"nodeName": "node-a"}}, "ns")
+    await client.patch(PODS, "p", {"status": {"phase": "Running"}}, "ns", status=True)
+    changed = await client.patch(PODS, "p", {"status": {"phase": "Succeeded"}}, "ns", status=True)
+    stream = client.watch(PODS, resource_version=since, labels=FOREIGN_LABELS, fields=FOREIGN_PODS, timeout_s=1)
+    batch = await anext(stream)
+    await stream.aclose()
+    seen = [(e["type"], e["object"]["metadata"]["name"], (e["object"].get("status") or {}).get("phase"),
+             e["object"]["metadata"]["resourceVersion"]) for e in batch]
+    rv = int(changed["metadata"]["resourceVersion"])
+    assert seen == [("ADDED", "p", None, str(rv - 2)), ("MODIFIED", "p", "Running", str(rv - 1)),
+                    ("DELETED", "p", "Running", str(rv))]
+
+
+async def test_pod_changes_between_the_rebuilds_listing_and_the_watch_are_applied_once() -> None:
+    """A foreign pod bound and a task pod deleted right after the rebuild listed pods (before the informers' watches
+    open) reach the index and the controller once each, with the listed foreign pod that finished meanwhile gone."""
+    client = FakeKubeClient()
+    operator = operator_with(client)
+    await client.create(JOBS, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "t-1", "namespace": "ns", "labels": {"gputask.io/task": "t"},
+        "annotations": {"gputask.io/task-uid": "uid-t"}}}, "ns")
+    await client.create(PODS, pod("old"), "ns")
+    await client.create(PODS, pod("t-1-x", job="t-1"), "ns")
+    listing = client.list_versioned
+
+    async def list_then_change(res: Any, namespace: str | None = None, **selectors: Any) -> Any:
+        listed = await listing(res, namespace, **selectors)
+        if res == PODS and selectors.get("fields") == FOREIGN_PODS:  # the last pod listing of the rebuild
+            await client.create(PODS, pod("new", node="node-b"), "ns")
+            await client.patch(PODS, "old", {"status": {"phase": "Succeeded"}}, "ns", status=True)
+            await client.delete(PODS, "t-1-x", "ns")
+        return listed
+
+    client.list_versioned = list_then_change  # type: ignore[method-assign]
+    await operator.rebuild()
+    listed = (foreign_view(operator), sorted(operator.controller.task_pods.values()))
+    await until(lambda: operator.informers["foreignpods"].events == 2 and operator.informers["taskpods"].events == 1)
+    await asyncio.sleep(0.05)  # nothing more arrives
+    await operator._stop_informers()
+    assert (listed, foreign_view(operator), operator.controller.task_pods,
+            operator.informers["foreignpods"].events, operator.informers["taskpods"].events) == (
+        ({"node-a": ["old"]}, ["ns/t-1"]), {"node-b": ["new"]}, {}, 2, 1)
+
+
+async def test_a_listing_after_a_gap_forgets_the_task_pods_deleted_meanwhile() -> None:
+    """The task-pods feed's replace keeps the listed pods of our Jobs and forgets the known ones the listing lacks."""
+    client = FakeKubeClient()
+    operator = operator_with(client)
+    operator.controller.on_job({"metadata": {"name": "t-1", "namespace": "ns", "labels": {"gputask.io/task": "t"},
+                                             "annotations": {"gputask.io/task-uid": "uid-t"}}})
+    kept = await client.create(PODS, pod("kept", job="t-1"), "ns")
+    gone = await client.create(PODS, pod("gone", job="t-1"), "ns")
+    feed = operator.informers["taskpods"].sink
+    await feed.apply([{"type": "ADDED", "object": kept}, {"type": "ADDED", "object": gone}])
+    known = sorted(operator.controller.task_pods)
+    await client.delete(PODS, "gone", "ns")
+    await feed.replace(await client.list_versioned(PODS, labels="gputask.io/task"))
+    assert (known, operator.controller.task_pods) == (
+        sorted([kept["metadata"]["uid"], gone["metadata"]["uid"]]), {kept["metadata"]["uid"]: "ns/t-1"})
+
+
+async def test_a_listing_after_a_gap_counts_each_foreign_pod_once_and_drops_the_finished() -> None:
+    """The foreign-pods feed's replace makes the index the listing: a pod that finished meanwhile is released, the
+    others are counted once however often a listing is handed over."""
+    client = FakeKubeClient()
+    operator = operator_with(client)
+    kept, done = await client.create(PODS, pod("kept"), "ns"), await client.create(PODS, pod("done"), "ns")
+    feed = operator.informers["foreignpods"].sink
+    await feed.apply([{"type": "ADDED", "object": kept}, {"type": "ADDED", "object": done}])
+    before = foreign_view(operator)
+    await client.patch(PODS, "done", {"status": {"phase": "Succeeded"}}, "ns", status=True)
+    for _ in range(2):
+        await feed.replace(await client.list_versioned(PODS, labels=FOREIGN_LABELS, fields=FOREIGN_PODS))
+    assert (before, foreign_view(operator), operator.controller.foreign.requests_on("node-a")[1]) == (
+        {"node-a": ["done", "kept"]}, {"node-a": ["kept"]}, 1)
+
+
+async def test_a_standby_keeps_no_foreign_pod_index() -> None:
+    """A standby (not leading) ignores foreign-pod events: its rebuild lists them when it becomes the leader."""
+    client = FakeKubeClient()
+    operator = Operator(Config(), client)
+    made = await client.create(PODS, pod("p"), "ns")
+    await operator.informers["foreignpods"].sink.apply([{"type": "ADDED", "object": made}])
+    assert foreign_view(operator) == {}

@@ -216,9 +216,9 @@ class KubeApi(Protocol):
         ...
 
     async def list_versioned(
-        self, res: Resource, namespace: str | None = None, *, labels: str | None = None
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None, fields: str | None = None
     ) -> Listed:
-        """LIST every object (in pages), with the list's resourceVersion."""
+        """LIST every object (in pages), optionally by label and field selector, with the list's resourceVersion."""
         ...
 
     def watch(
@@ -228,10 +228,12 @@ class KubeApi(Protocol):
         *,
         resource_version: str,
         labels: str | None = None,
+        fields: str | None = None,
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> AsyncGenerator[list[dict[str, Any]], None]:
-        """Watch events after ``resource_version``, in batches of those that arrived together (each a dict with
-        ``type``: ADDED, MODIFIED, DELETED or BOOKMARK, and ``object``); ends when the server ends the watch
+        """Watch events after ``resource_version`` (optionally by label and field selector: an object that stops
+        matching them comes as DELETED with its previous state), in batches of those that arrived together (each a
+        dict with ``type``: ADDED, MODIFIED, DELETED or BOOKMARK, and ``object``); ends when the server ends the watch
         (after about ``timeout_s``). Raises Expired when that resourceVersion is too old, ApiError otherwise."""
         ...
 
@@ -432,10 +434,11 @@ class KubeClient:
         return list(result.get("items") or [])
 
     async def list_versioned(
-        self, res: Resource, namespace: str | None = None, *, labels: str | None = None
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None, fields: str | None = None
     ) -> Listed:
-        """LIST every object in pages of :data:`PAGE_SIZE` (``limit``/``continue``: one snapshot, as the API server
-        serves a paginated list), with the list's resourceVersion (every page carries the first page's).
+        """LIST every object (optionally by label and field selector) in pages of :data:`PAGE_SIZE`
+        (``limit``/``continue``: one snapshot, as the API server serves a paginated list), with the list's
+        resourceVersion (every page carries the first page's).
 
         A continue token that outlived the server's window (410 Expired on a later page: etcd compacted the
         snapshot's revision, 5 minutes by default) is neither retried nor followed with the "inconsistent" token
@@ -444,6 +447,8 @@ class KubeClient:
         snapshot. Expired on the first page, or any other failure, is raised."""
         items: list[dict[str, Any]] = []
         selector = {"labelSelector": labels} if labels else {}
+        if fields:
+            selector["fieldSelector"] = fields
         query = {"limit": str(PAGE_SIZE), **selector}
         version = ""
         while True:
@@ -471,6 +476,7 @@ class KubeClient:
         *,
         resource_version: str,
         labels: str | None = None,
+        fields: str | None = None,
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> AsyncGenerator[list[dict[str, Any]], None]:
         """Watch events after ``resource_version`` (with bookmarks), in batches of the lines that arrived together,
@@ -478,7 +484,8 @@ class KubeClient:
         code; a broken connection is ApiError 0. A 401 refreshes the token (the configuration's hook) before it is
         raised, so the watch opened next carries the new one. Closing the iterator closes the connection."""
         params = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", resource_version),
-                  ("timeoutSeconds", str(timeout_s)), *((("labelSelector", labels),) if labels else ())]
+                  ("timeoutSeconds", str(timeout_s)), *((("labelSelector", labels),) if labels else ()),
+                  *((("fieldSelector", fields),) if fields else ())]
         path = res.path(namespace)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=timeout_s + 30)
         try:

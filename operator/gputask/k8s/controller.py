@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -142,7 +142,7 @@ class Controller:
 
     def __init__(self, config: Config | None = None, *, foreign: ForeignPods | None = None) -> None:
         self.config = config or Config()
-        self.foreign = foreign or ForeignPods()  # fed by pod events even while not leading
+        self.foreign = foreign or ForeignPods()  # reset from a listing at each rebuild, then fed by pod events
         self.reset()
 
     def reset(self) -> None:
@@ -224,6 +224,17 @@ class Controller:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
                 name = (pod.get("metadata") or {}).get("name")
                 self.pod_problems[job.key] = f"pod {name} is {cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+
+    def keep_task_pods(self, uids: Collection[str]) -> None:
+        """Forget the pods of our Jobs not among ``uids`` (a new listing of them: the rest were deleted meanwhile);
+        when any was forgotten every GPUNode is recounted, as a forgotten pod's node is not known."""
+        gone = [uid for uid in self.task_pods if uid not in uids]
+        for uid in gone:
+            del self.task_pods[uid]
+        if gone:
+            now = time.time()
+            for node in list(self.inventory.gpunodes):
+                self.inventory.refresh_node(node, now)
 
     def _note_task_pod(self, pod: Mapping[str, Any], job: JobRecord | None, deleted: bool) -> None:
         """Keep :attr:`task_pods` (the pods whose GPU memory is gputask's own); a node whose set changed is

@@ -57,7 +57,11 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 FINISHED_POD_PHASES = ("Succeeded", "Failed")
 NO_DEVICES = frozenset({"", "void", "none"})
 UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-"""Field selector of the one pod listing, at start (watch events keep the index current after)."""
+"""Field selector of pods not finished (``gputask top``'s listing)."""
+FOREIGN_PODS = f"spec.nodeName!=,{UNFINISHED_PODS}"
+"""Field selector of the operator's foreign-pod informer (and the rebuild's listing for it): pods bound to a node and
+not finished, the only ones that hold anything of a node. A pod that finishes leaves it: its watch sends DELETED
+with the pod's previous state (k8s.io/apiserver, ``cacheWatcher.convertToWatchEvent``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +141,6 @@ def claim_of(spec: Mapping[str, Any]) -> GpuClaim | None:
     return GpuClaim(count, tuple(devices), every, mig)
 
 
-def bound(body: Mapping[str, Any], **_: Any) -> bool:
-    """Cheap kopf filter: a pod bound to a node (only those hold anything of a node)."""
-    return bool((body.get("spec") or {}).get("nodeName"))
-
-
 @dataclass(frozen=True, slots=True)
 class ForeignPod:
     """What one foreign pod holds on its node: GPUs (None: none by its spec) and effective requests; its
@@ -178,7 +177,8 @@ def pod_claim(pod: Mapping[str, Any]) -> tuple[str, GpuClaim] | None:
 
 
 class ForeignPods:
-    """Incremental index of foreign pods (GPU claims and requests) by node; survives operator rebuilds."""
+    """Incremental index of foreign pods (GPU claims and requests) by node, fed by the foreign-pod informer while the
+    operator leads and :meth:`reset` from a listing at each rebuild."""
 
     def __init__(self) -> None:
         self.by_node: dict[str, dict[str, ForeignPod]] = {}

@@ -7,10 +7,11 @@ run in threads and race). They use ``kopf.on.event`` (no finalizers, no kopf sta
 so no GPUTask deletion can ever hang on gputask. Handlers are registered on a registry per
 operator instance, so tests can run two operators in one process.
 
-GPUTasks and our Jobs, the two kinds every task brings events of, come through the operator's own
-informers instead (:mod:`gputask.k8s.informer`: kopf's per-event cost was most of the operator's CPU in
-a burst) into :class:`TaskFeed` and :class:`JobFeed`, a batch of events per gate and wake. They run
-while this instance leads, from the resourceVersions its rebuild listed.
+GPUTasks, our Jobs and pods, the kinds every task brings events of and the most numerous objects of a
+cluster, come through the operator's own informers instead (:mod:`gputask.k8s.informer`: kopf's per-event
+cost was most of the operator's CPU in a burst) into :class:`TaskFeed`, :class:`JobFeed`,
+:class:`TaskPodFeed` and :class:`ForeignPodFeed`, a batch of events per gate and wake. They run while this
+instance leads, from the resourceVersions its rebuild listed.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from gputask.k8s.client import (
 )
 from gputask.k8s.controller import Controller, Report
 from gputask.k8s.executor import Executor
-from gputask.k8s.foreign import UNFINISHED_PODS, bound
+from gputask.k8s.foreign import FINISHED_POD_PHASES, FOREIGN_PODS
 from gputask.k8s.informer import Informer
 from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
 from gputask.k8s.kueue import KueueSupport
@@ -67,7 +68,8 @@ Handler = Callable[..., Coroutine[Any, Any, None]]
 CLEANUP_TIMEOUT_S = 15.0  # the longest a shutdown waits for the leader election to release the Lease
 REBUILD_RETRY_S = 5.0
 
-INFORMED = ("jobs", "tasks")  # the kinds of REBUILD_ORDER the operator's informers watch (not kopf)
+INFORMED = ("jobs", "tasks", "taskpods", "foreignpods")  # the kinds listed for the operator's informers (not kopf)
+FOREIGN_LABELS = f"!{TASK_LABEL}"
 REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "priorityclasses": (PRIORITYCLASSES, None),
     "workloadpriorityclasses": (WORKLOADPRIORITYCLASSES, None),
@@ -110,6 +112,11 @@ class Operator:
         self.informers = {
             "tasks": Informer(client, GPUTASKS, TaskFeed(self), namespace=namespace),
             "jobs": Informer(client, JOBS, JobFeed(self), namespace=namespace, labels=REBUILD_ORDER["jobs"][1]),
+            "taskpods": Informer(client, PODS, TaskPodFeed(self), namespace=namespace, labels=TASK_LABEL,
+                                 name="pods of tasks"),
+            # every namespace: a node's foreign pods take its GPUs and room whichever namespace they are in
+            "foreignpods": Informer(client, PODS, ForeignPodFeed(self), labels=FOREIGN_LABELS, fields=FOREIGN_PODS,
+                                    name="foreign pods"),
         }
         self.registry = kopf.OperatorRegistry()
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -129,16 +136,18 @@ class Operator:
 
     async def rebuild(self) -> None:
         """List everything and rebuild the controller before the first cycle; then feed the events
-        that arrived meanwhile and are newer than what was listed, and watch GPUTasks and Jobs from
+        that arrived meanwhile and are newer than what was listed, and watch GPUTasks, Jobs and pods from
         the resourceVersions of their lists."""
         self._buffer = []
         await self._stop_informers()
         try:
             objects, versions = await self._list_all()
+            foreign = objects.pop("foreignpods")
+            objects["pods"] = [*objects.pop("taskpods"), *foreign]
             unlisted = await self._unlisted_jobs(objects)
             objects["jobs"] = [*objects["jobs"], *unlisted]
             async with self.gate:
-                self.controller.foreign.reset(objects["pods"])
+                self.controller.foreign.reset(foreign)
                 self.executor.reset()
                 self.controller.rebuild(objects)
                 for job in unlisted:
@@ -156,20 +165,22 @@ class Operator:
             informer.start(versions[kind])
 
     async def _list_all(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
-        """Every kind's objects, and the list resourceVersions of the informed kinds (GPUTasks, Jobs)."""
+        """Every kind's objects, and the list resourceVersions of the informed kinds (GPUTasks, Jobs, our pods and
+        foreign pods: one LIST each, with the selectors its informer watches with)."""
         objects: dict[str, list[dict[str, Any]]] = {}
         versions: dict[str, str] = {}
         kueue_mode = self.config.queueing == "kueue"
-        lists = {**REBUILD_ORDER, "pods": (PODS, None), **({"workloads": (WORKLOADS, None)} if kueue_mode else {})}
+        lists = {**REBUILD_ORDER, "taskpods": (PODS, TASK_LABEL), "foreignpods": (PODS, FOREIGN_LABELS),
+                 **({"workloads": (WORKLOADS, None)} if kueue_mode else {})}
         for kind, (resource, labels) in lists.items():
-            fields = UNFINISHED_PODS if resource == PODS else None
             try:
                 if kind in INFORMED:  # paginated, with the version its informer watches from
                     informer = self.informers[kind]
-                    found = await self.client.list_versioned(resource, informer.namespace, labels=labels)
+                    found = await self.client.list_versioned(resource, informer.namespace, labels=informer.labels,
+                                                             fields=informer.fields)
                     objects[kind], versions[kind] = found.items, found.resource_version
                 else:
-                    objects[kind] = await self.client.list(resource, labels=labels, fields=fields)
+                    objects[kind] = await self.client.list(resource, labels=labels)
             except ApiError as exc:
                 if exc.status != 404:
                     raise kopf.TemporaryError(f"listing {kind} failed: {exc}", delay=5) from exc
@@ -189,7 +200,8 @@ class Operator:
                 wanted.add(f"{meta.get('namespace') or 'default'}/{status['jobName']}")
         for pod in objects.get("pods", ()):
             meta = pod.get("metadata") or {}
-            if TASK_LABEL in (meta.get("labels") or {}):
+            if TASK_LABEL in (meta.get("labels") or {}) and (pod.get("status") or {}).get("phase") not in \
+                    FINISHED_POD_PHASES:
                 wanted.update(f"{meta.get('namespace') or 'default'}/{ref['name']}"
                               for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "Job")
         limit = asyncio.Semaphore(self.config.api_concurrency)
@@ -308,23 +320,6 @@ class Operator:
         else:
             self.controller.on_job(obj)
 
-    async def on_pod(self, event: dict[str, Any], **_: Any) -> None:
-        """A foreign pod bound to a node changed: update the foreign-pod index and that node's GPUs and offer."""
-        async with self.gate:
-            node = self.controller.foreign.on_pod(event["object"], deleted=event.get("type") == "DELETED")
-            if node is not None and self.leading:
-                self.controller.inventory.refresh_node(node, time.time())
-        if node is not None and self.leading:
-            self.loop.wake()
-
-    async def on_task_pod(self, event: dict[str, Any], **_: Any) -> None:
-        """A pod of one of our Jobs changed: it runs (phase Running), or cannot be scheduled."""
-        if not self.leading or self._kept(self.on_task_pod, event):
-            return
-        async with self.gate:
-            self.controller.on_task_pod(event["object"], deleted=event.get("type") == "DELETED")
-        self.loop.wake()
-
     async def on_local_queue(self, event: dict[str, Any], **_: Any) -> None:
         """A Kueue LocalQueue changed (gputask mode: it may make Kueue suspend our Jobs)."""
         self.kueue.on_local_queue(event["object"], deleted=event.get("type") == "DELETED")
@@ -375,8 +370,6 @@ class Operator:
         reg = self.registry
         kopf.on.startup(registry=reg)(self.on_startup)
         kopf.on.cleanup(registry=reg)(self.on_cleanup)
-        kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.ABSENT}, when=bound)(self.on_pod)
-        kopf.on.event("v1", "pods", registry=reg, labels={TASK_LABEL: kopf.PRESENT}, id="task-pods")(self.on_task_pod)
         if self.config.queueing == "kueue":
             kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", registry=reg)(self.on_workload)
         else:
@@ -399,11 +392,16 @@ class Operator:
             kopf.on.event(*resource, registry=reg, id=f"track-{resource[-1]}")(handler)
 
 
-class TaskFeed:
-    """GPUTask events from the tasks informer into the controller, a batch per gate and wake."""
+class Feed:
+    """What the informers' feeds share: the operator they feed (only while it leads; a standby drops events, as its
+    rebuild lists everything when it becomes the leader)."""
 
     def __init__(self, operator: Operator) -> None:
         self.operator = operator
+
+
+class TaskFeed(Feed):
+    """GPUTask events from the tasks informer into the controller, a batch per gate and wake."""
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order; tasks that changed are due for the Kueue check."""
@@ -435,16 +433,13 @@ class TaskFeed:
         op.kueue.note_everyone()
 
 
-class JobFeed:
+class JobFeed(Feed):
     """Events of our Jobs from the jobs informer into the controller, a batch per gate and wake.
 
     A Job with GPUs booked is never released on a DELETED or on its absence from a relisting alone: either may
     mean that it only lost its task label (a real API server sends the same DELETED for both), so the
     :class:`~gputask.k8s.relabel.Relabeler` asks the server first, and puts the label back on a Job still there.
     """
-
-    def __init__(self, operator: Operator) -> None:
-        self.operator = operator
 
     async def apply(self, events: list[dict[str, Any]]) -> None:
         """Feed the events in order (Jobs without our task-uid annotation are not ours: the controller skips
@@ -491,6 +486,69 @@ class JobFeed:
                 op.job_event(gone, deleted=True)
         await relabel.settle()
         op.loop.wake()
+
+
+class TaskPodFeed(Feed):
+    """Events of the pods of our Jobs from the task-pods informer into the controller, a batch per gate and wake:
+    a pod running (the task is Running), one that cannot be scheduled, the pods whose GPU memory is ours."""
+
+    async def apply(self, events: list[dict[str, Any]]) -> None:
+        """Feed the events in order."""
+        op = self.operator
+        if not op.leading:
+            return
+        async with op.gate:
+            for event in events:
+                op.controller.on_task_pod(event["object"], deleted=event["type"] == "DELETED")
+        op.loop.wake()
+
+    async def replace(self, listed: Listed) -> None:
+        """After a gap: every listed pod fed again, every known pod missing from the listing forgotten."""
+        op = self.operator
+        if not op.leading:
+            return
+        async with op.gate:
+            for obj in listed.items:
+                op.controller.on_task_pod(obj, deleted=False)
+            op.controller.keep_task_pods({str(o["metadata"].get("uid") or "") for o in listed.items})
+        op.loop.wake()
+
+
+class ForeignPodFeed(Feed):
+    """Events of foreign pods (no task label, bound, not finished: the informer's selectors) from their informer into
+    the foreign-pod index, a batch per gate and wake; the nodes whose foreign pods changed are recounted.
+
+    It runs only while this instance leads: a standby's index would be of no use, as the rebuild lists foreign pods
+    again (:meth:`~gputask.k8s.foreign.ForeignPods.reset`) before the new leader's first cycle.
+    """
+
+    async def apply(self, events: list[dict[str, Any]]) -> None:
+        """Feed the events in order; a pod that finishes leaves the field selector and comes as DELETED."""
+        op = self.operator
+        if not op.leading:
+            return
+        async with op.gate:
+            changed = {op.controller.foreign.on_pod(e["object"], deleted=e["type"] == "DELETED") for e in events}
+            self._recount(changed)
+
+    async def replace(self, listed: Listed) -> None:
+        """After a gap: the index is the listing (pods missing from it finished or were deleted meanwhile)."""
+        op = self.operator
+        if not op.leading:
+            return
+        foreign = op.controller.foreign
+        async with op.gate:
+            before = set(foreign.by_node)
+            foreign.reset(listed.items)
+            self._recount(before | set(foreign.by_node))
+
+    def _recount(self, nodes: set[str | None]) -> None:
+        """Recount the GPUs and room of ``nodes`` (the gate held) and wake the loop when there are any."""
+        op, now = self.operator, time.time()
+        for node in sorted(n for n in nodes if n is not None):
+            op.controller.inventory.refresh_node(node, now)
+        if nodes - {None}:
+            op.loop.wake()
 
 
 def _job_key(obj: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
-"""List, then watch: the operator's own informer for its two hot kinds, GPUTasks and its Jobs.
+"""List, then watch: the operator's own informer for its hot kinds, GPUTasks, its Jobs and pods.
 
-Why not kopf for these two (kopf stays the framework for every other kind): in a 2,000-task burst
+Why not kopf for these (kopf stays the framework for every other kind): in a 2,000-task burst
 (``bench/e2e_burst.py --profile``, py-spy) the operator spent 48% of its CPU in kopf's per-event machinery
 for the three events each task causes (its GPUTask added, the echo of our status write, its Job added): a
 worker task per object, and per event a body, patch, logger, cause and memo built and the handler invoked
@@ -65,7 +65,9 @@ class Sink(Protocol):
 class Informer:
     """Keeps one resource's objects flowing into a :class:`Sink`, from a resourceVersion on.
 
-    ``namespace`` None watches every namespace; ``labels`` is a label selector the server applies.
+    ``namespace`` None watches every namespace; ``labels`` and ``fields`` are a label and a field selector the
+    server applies (an object that stops matching them comes as DELETED, with its previous state); ``name`` is what
+    its log lines call the objects (the resource's plural unless given: two informers may watch one resource).
     """
 
     def __init__(
@@ -76,13 +78,17 @@ class Informer:
         *,
         namespace: str | None = None,
         labels: str | None = None,
+        fields: str | None = None,
         timeout_s: int = WATCH_TIMEOUT_S,
+        name: str | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
         self.sink = sink
         self.namespace = namespace
         self.labels = labels
+        self.fields = fields
+        self.name = name or resource.plural
         self.timeout_s = timeout_s
         self.resource_version = ""
         self.relists = 0  # LISTs after a 410 (a gap in the watch)
@@ -95,7 +101,7 @@ class Informer:
         """Watch from ``resource_version`` (the LIST the sink was built from) until :meth:`stop`."""
         self.resource_version = resource_version
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"gputask-informer-{self.resource.plural}")
+            self._task = asyncio.create_task(self._run(), name=f"gputask-informer-{self.name.replace(' ', '-')}")
 
     async def stop(self) -> None:
         """Stop watching and wait (at most 10 s) for the task to end."""
@@ -105,10 +111,10 @@ class Informer:
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
         if not done:
-            log.error("the %s informer did not stop within %gs of being cancelled", self.resource.plural,
+            log.error("the %s informer did not stop within %gs of being cancelled", self.name,
                       STOP_TIMEOUT_S)
         elif not task.cancelled() and task.exception() is not None:
-            log.error("the %s informer had failed", self.resource.plural, exc_info=task.exception())
+            log.error("the %s informer had failed", self.name, exc_info=task.exception())
 
     async def _run(self) -> None:
         failures, stale = 0, False  # stale: the sink must be handed a new listing before the next watch
@@ -120,7 +126,7 @@ class Informer:
                     stale = False
                 await self._watch()
             except Expired as exc:
-                log.info("watch of %s expired at resourceVersion %s (%s); listing again", self.resource.plural,
+                log.info("watch of %s expired at resourceVersion %s (%s); listing again", self.name,
                          self.resource_version, exc.message)
                 stale, failures = True, 0
                 continue
@@ -130,7 +136,7 @@ class Informer:
                 continue
             except Exception:  # the sink failed: a bug downstream; never end the stream in silence
                 failures += 1
-                log.exception("feeding %s to the operator failed; listing again in %gs", self.resource.plural,
+                log.exception("feeding %s to the operator failed; listing again in %gs", self.name,
                               _backoff_s(failures))
                 stale = True
                 await asyncio.sleep(_backoff_s(failures))
@@ -153,20 +159,20 @@ class Informer:
         if kind != self._failing:
             self._failing = kind
             log.warning("%s of %s failed (%s); again from resourceVersion %s in %gs (repeats of this failure are "
-                        "logged at debug level)", what, self.resource.plural, exc, self.resource_version or "-", wait)
+                        "logged at debug level)", what, self.name, exc, self.resource_version or "-", wait)
         else:
-            log.debug("%s of %s failed again (%s); again in %gs", what, self.resource.plural, exc, wait)
+            log.debug("%s of %s failed again (%s); again in %gs", what, self.name, exc, wait)
         await asyncio.sleep(wait)
 
     def _recovered(self) -> None:
         if self._failing is not None:
-            log.info("%s of %s works again", self._failing[0], self.resource.plural)
+            log.info("%s of %s works again", self._failing[0], self.name)
             self._failing = None
 
     async def _watch(self) -> None:
         """One watch request, from the current resourceVersion until the server ends it."""
         stream = self.client.watch(self.resource, self.namespace, resource_version=self.resource_version,
-                                   labels=self.labels, timeout_s=self.timeout_s)
+                                   labels=self.labels, fields=self.fields, timeout_s=self.timeout_s)
         try:
             async for batch in stream:
                 events = []
@@ -190,7 +196,8 @@ class Informer:
         failures = 0
         while True:
             try:
-                listed = await self.client.list_versioned(self.resource, self.namespace, labels=self.labels)
+                listed = await self.client.list_versioned(self.resource, self.namespace, labels=self.labels,
+                                                          fields=self.fields)
                 break
             except ApiError as exc:
                 failures += 1

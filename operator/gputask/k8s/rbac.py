@@ -49,9 +49,9 @@ from gputask.k8s.client import (
 
 CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 
-# Everything the operator rebuilds its state from and keeps watching (handlers.REBUILD_ORDER; GPUTasks and Jobs
+# Everything the operator rebuilds its state from and keeps watching (handlers.REBUILD_ORDER; GPUTasks, Jobs and pods
 # through its own informers, the rest through kopf),
-# plus pods (foreign GPU use) and Kueue's LocalQueues (gputask mode) and Workloads (Kueue mode).
+# plus Kueue's LocalQueues (gputask mode) and Workloads (Kueue mode).
 WATCHED = (
     GPUTASKS,
     GPUCLUSTERQUEUES,

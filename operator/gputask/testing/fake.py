@@ -160,11 +160,11 @@ class FakeKubeClient:
         return [o for o in self.all(res, namespace) if _labels_match(o, labels) and _fields_match(o, fields)]
 
     async def list_versioned(
-        self, res: Resource, namespace: str | None = None, *, labels: str | None = None
+        self, res: Resource, namespace: str | None = None, *, labels: str | None = None, fields: str | None = None
     ) -> Listed:
         """LIST with the resourceVersion of the moment (one page: the fake keeps everything in memory)."""
         self._enter("list", res, None)
-        items = [o for o in self.all(res, namespace) if _labels_match(o, labels)]
+        items = [o for o in self.all(res, namespace) if _labels_match(o, labels) and _fields_match(o, fields)]
         return Listed(items, str(self.latest))
 
     async def watch(
@@ -174,6 +174,7 @@ class FakeKubeClient:
         *,
         resource_version: str,
         labels: str | None = None,
+        fields: str | None = None,
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> AsyncGenerator[list[dict[str, Any]], None]:
         """The changes after ``resource_version`` from the kept history, then new ones as they happen, until
@@ -187,7 +188,7 @@ class FakeKubeClient:
             changed = self._changed
             batch = [seen for rv, key, etype, obj, old in self.history
                      if rv > since and key[:2] == (res.group, res.plural) and namespace in (None, key[2])
-                     and (seen := _seen_as(etype, obj, old, labels)) is not None]
+                     and (seen := _seen_as(etype, obj, old, labels, fields)) is not None]
             if batch:
                 since = int(batch[-1]["object"]["metadata"]["resourceVersion"])
                 yield batch
@@ -353,13 +354,17 @@ def _immutable(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _seen_as(
-    etype: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None, labels: str | None
+    etype: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None, labels: str | None, fields: str | None = None
 ) -> dict[str, Any] | None:
-    """The event a watch with label selector ``labels`` sees (a copy), None when it does not see it: as the API
-    server does, a change that makes an object match is ADDED and one that makes it stop matching is DELETED
-    carrying the previous state (which matched) at the event's resourceVersion (the watch cache's filter,
-    k8s.io/apiserver/pkg/storage/cacher, cacheWatcher.convertToWatchEvent)."""
-    now, was = _labels_match(obj, labels), old is not None and _labels_match(old, labels)
+    """The event a watch with label selector ``labels`` and field selector ``fields`` sees (a copy), None when it
+    does not see it: as the API server does, a change that makes an object match is ADDED and one that makes it stop
+    matching is DELETED carrying the previous state (which matched) at the event's resourceVersion (the watch cache's
+    filter, k8s.io/apiserver/pkg/storage/cacher, cacheWatcher.convertToWatchEvent)."""
+
+    def matches(o: Mapping[str, Any]) -> bool:
+        return _labels_match(o, labels) and _fields_match(o, fields)
+
+    now, was = matches(obj), old is not None and matches(old)
     if etype == "MODIFIED" and now != was:
         if now:
             return {"type": "ADDED", "object": copy.deepcopy(obj)}
@@ -397,6 +402,6 @@ def _fields_match(obj: Mapping[str, Any], selector: str | None) -> bool:
         found: Any = obj
         for part in path.lstrip("=").split("."):
             found = found.get(part) if isinstance(found, Mapping) else None
-        if (str(found) == value) == negate:
+        if (("" if found is None else str(found)) == value) == negate:  # a missing field reads as "" (the API server)
             return False
     return True
