@@ -18,6 +18,7 @@ from aiohttp import web
 from kubernetes import client as k8s_client
 from kubernetes.config import incluster_config
 
+from gputask.k8s import client as client_module
 from gputask.k8s.client import LEASES, ApiError, KubeClient, _proxy, _retries, _ssl_context, load_api_client
 
 
@@ -104,18 +105,29 @@ async def test_a_watch_refused_401_refreshes_the_token_for_the_next_watch() -> N
     assert (outcomes, [s["authorization"] for s in seen]) == ([401, []], ["Bearer first", "Bearer second"])
 
 
-async def test_a_refused_connection_is_tried_as_often_as_configured_then_unreachable() -> None:
-    """A port nobody listens on: ApiError 0 Unreachable after the configured connection retries."""
+async def test_a_refused_connection_is_tried_as_often_as_configured_then_unreachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port nobody listens on: each retry waits its doubling backoff (0.2 s, 0.4 s: never a hot loop), then
+    ApiError 0 Unreachable after the configured connection retries."""
+    waits: list[float] = []
+    backoff = client_module.doubling_backoff_s
+
+    def recorded(failures: int, base_s: float, max_s: float) -> float:
+        waits.append(backoff(failures, base_s, max_s))
+        return 0.0
+
+    monkeypatch.setattr(client_module, "doubling_backoff_s", recorded)
     configuration = k8s_client.Configuration()
     configuration.host = "http://127.0.0.1:9"  # discard: nothing listens there
-    configuration.retries = 1
+    configuration.retries = 2
     client = KubeClient(k8s_client.ApiClient(configuration))
     try:
         with pytest.raises(ApiError) as refused:
             await client.get(LEASES, "l", "default")
     finally:
         await client.close()
-    assert (refused.value.status, refused.value.reason) == (0, "Unreachable")
+    assert (refused.value.status, refused.value.reason, waits) == (0, "Unreachable", [0.2, 0.4])
 
 
 def test_tls_follows_the_configuration() -> None:

@@ -53,6 +53,8 @@ REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long fails (ApiError 0 Unr
 AUTH_REFRESH_S = 10.0  # the configuration's token refresh hook runs at most this often (and after a 401)
 PAGE_SIZE = 500  # objects per LIST page (client-go's reflector pages by 500 too)
 WATCH_TIMEOUT_S = 300  # a watch asks the server to end it after this long (it is then resumed), as kopf's do
+CONNECT_RETRY_S = 0.2  # a connection that could not be opened is tried again after 0.2 s, doubling ...
+CONNECT_RETRY_MAX_S = 2.0  # ... up to 2 s (an API server restarting refuses connections for seconds)
 THROTTLE_RETRIES = 10  # a request answered 429 (or 5xx) with Retry-After is sent again this often (client-go: 10)
 RETRY_AFTER_MIN_S = 1.0  # a Retry-After of 0 still waits this long (no burst of retries at a throttled server)
 RETRY_AFTER_MAX_S = 30.0  # a longer Retry-After is waited this long at most
@@ -288,9 +290,9 @@ class KubeClient:
 
     ``workers`` bounds the requests in flight at once (watches are not counted); ``timeout_s`` bounds each
     request in all (a server that hangs costs this long, then ``ApiError(0, "Unreachable")``). A connection that
-    cannot be opened is tried again ``configuration.retries`` times (3 when unset, as urllib3 does) before it
-    fails as Unreachable: nothing was sent. The ``guard`` of a write is asked once a slot is free, right before
-    the request is sent. Usable from one event loop at a time (a new loop gets new connections).
+    cannot be opened is tried again ``configuration.retries`` times (3 when unset, as urllib3 does), after 0.2 s
+    doubling to 2 s, before it fails as Unreachable: nothing was sent. The ``guard`` of a write is asked once a slot
+    is free, right before the request is sent. Usable from one event loop at a time (a new loop gets new connections).
     """
 
     def __init__(
@@ -372,11 +374,11 @@ class KubeClient:
         self, method: str, path: str, params: list[tuple[str, str]], data: bytes | None, content_type: str,
         guard: Guard | None,
     ) -> tuple[int, str, bytes, str | None]:
-        """Send one request (a slot held): (status, reason, body, its Retry-After header). A connection that cannot
-        be opened is tried again (nothing was sent), unless TLS failed (a certificate the CA did not sign, a name it
-        does not carry: no retry mends that); a 401 is sent once more when the refresh hook gives another token; a
-        429 or 5xx with Retry-After is sent again after that wait (:func:`_throttle_wait_s`), the slot kept (the
-        server asked for fewer requests), the guard asked again before each send."""
+        """Send one request (a slot held): (status, reason, body, its Retry-After header). A connection that cannot be
+        opened is tried again after a doubling backoff (nothing was sent), unless TLS failed (a certificate the CA did
+        not sign, a name it does not carry: no retry mends that); a 401 is sent once more when the refresh hook gives
+        another token; a 429 or 5xx with Retry-After is sent again after that wait (:func:`_throttle_wait_s`), the slot
+        kept (the server asked for fewer requests), the guard asked again before each send."""
         session, attempt, renewed, throttled, waited = self._http(), 0, False, 0, 0.0
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         while True:
@@ -391,10 +393,11 @@ class KubeClient:
                     retry_after = response.headers.get("Retry-After")
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise ApiError(0, "Unreachable", str(exc)) from None  # no retry mends a certificate
-            except aiohttp.ClientConnectorError as exc:  # not connected, so not sent: try again
+            except aiohttp.ClientConnectorError as exc:  # not connected, so not sent: try again after a backoff
                 attempt += 1
                 if attempt > self._retries:
                     raise ApiError(0, "Unreachable", str(exc)) from None
+                await asyncio.sleep(doubling_backoff_s(attempt, CONNECT_RETRY_S, CONNECT_RETRY_MAX_S))
                 continue
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # A kept-alive connection the server (or a load balancer's idle timeout) closed: a GET is sent again
@@ -627,6 +630,13 @@ GENERIC_REASONS: dict[int, tuple[str, str]] = {
     504: ("Timeout", "the server was unable to return a response in the time allotted, but may still be processing "
                     "the request"),
 }
+
+
+def doubling_backoff_s(failures: int, base_s: float, max_s: float) -> float:
+    """Seconds to wait after the ``failures``-th failure in a row: ``base_s`` doubling with each, at most ``max_s``
+    (the one backoff of the operator's retries: connections, watches, status writes, Job creates and deletes,
+    relabels)."""
+    return float(min(max_s, base_s * 2.0 ** max(0, failures - 1)))
 
 
 def _throttle_wait_s(status: int, retry_after: str | None) -> float | None:

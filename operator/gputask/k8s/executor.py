@@ -35,6 +35,7 @@ from gputask.k8s.client import (
     ApiError,
     Fenced,
     NotFound,
+    doubling_backoff_s,
 )
 from gputask.k8s.controller import Controller, JobRecord, Report
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
@@ -77,7 +78,7 @@ def pod_resources_condition(available: bool, reason: str, message: str) -> dict[
 
 def backoff_s(failures: int) -> float:
     """Seconds to wait after the ``failures``-th failure in a row: 10 s doubling, at most 5 min."""
-    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
+    return doubling_backoff_s(failures, BACKOFF_BASE_S, BACKOFF_MAX_S)
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from gputask.k8s.client import WATCH_TIMEOUT_S, ApiError, Expired, KubeApi, Listed, Resource
+from gputask.k8s.client import WATCH_TIMEOUT_S, ApiError, Expired, KubeApi, Listed, Resource, doubling_backoff_s
 
 log = logging.getLogger("gputask.informer")
 
@@ -210,7 +210,7 @@ class Informer:
 
 def _backoff_s(failures: int) -> float:
     """Seconds before the next try after ``failures`` in a row: 1 s doubling, at most 30 s."""
-    return float(min(RETRY_MAX_S, RETRY_S * 2.0 ** max(0, failures - 1)))
+    return doubling_backoff_s(failures, RETRY_S, RETRY_MAX_S)
 
 
 __all__ = ["Informer", "Sink"]

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gputask.k8s.client import JOBS, ApiError, Fenced, NotFound
+from gputask.k8s.client import JOBS, ApiError, Fenced, NotFound, doubling_backoff_s
 from gputask.k8s.controller import Controller, JobRecord
 from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
 from gputask.k8s.names import fit_name
@@ -79,7 +79,7 @@ def ours(obj: Mapping[str, Any]) -> bool:
 
 def backoff_s(failures: int) -> float:
     """Seconds before the next try after ``failures`` in a row: 1 s doubling, at most 5 min."""
-    return float(min(RETRY_MAX_S, RETRY_S * 2.0 ** max(0, failures - 1)))
+    return doubling_backoff_s(failures, RETRY_S, RETRY_MAX_S)
 
 
 class Relabeler:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputask.core import MILLI_PER_GPU, Placement, Task, TaskKey
-from gputask.k8s.client import GPUTASKS, ApiError, Conflict, Fenced, NotFound
+from gputask.k8s.client import GPUTASKS, ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
 from gputask.k8s.writer import Writer, now_rfc3339
 
 log = logging.getLogger("gputask.tasks")
@@ -303,7 +303,7 @@ class Transitions:
                 await self.writer.event(record.involved(), *each)
         elif outcome == REFUSED:
             failures = (pending.failures if pending else 0) + 1
-            retry_at = time.monotonic() + min(STATUS_RETRY_MAX_S, STATUS_RETRY_S * 2 ** (failures - 1))
+            retry_at = time.monotonic() + doubling_backoff_s(failures, STATUS_RETRY_S, STATUS_RETRY_MAX_S)
             self.unwritten[record.key] = Unwritten(record, message, events[-MAX_KEPT_EVENTS:], failures, retry_at)
             heapq.heappush(self._due, (retry_at, record.key))
 
