@@ -19,17 +19,14 @@ from gputask.config import Config
 from gputask.core import POLICIES
 from gputask.sim.scenario import ScenarioError, cli_run, run_scenario
 
-SHARED = Path(__file__).parents[2].parent / "shared" / "scenarios"
+SEEDS = Path(__file__).parents[2] / "examples" / "scenarios"
 
 QUANTITY_RULE = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 
 
 def seed(name: str) -> dict[str, Any]:
-    """The shared seed scenario ``name``, or a skip when ../shared is not there."""
-    path = SHARED / f"{name}.yaml"
-    if not path.exists():
-        pytest.skip(f"{path} not present (the shared seed scenarios live outside the repository)")
-    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
+    """The seed scenario ``name`` shipped in examples/scenarios/."""
+    loaded: dict[str, Any] = yaml.safe_load((SEEDS / f"{name}.yaml").read_text())
     return loaded
 
 
