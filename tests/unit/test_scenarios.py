@@ -869,3 +869,15 @@ def test_mig_devices_larger_than_their_gpu_are_refused() -> None:
     with pytest.raises(ScenarioError) as info:
         run_scenario(scenario([{"name": "node-a", "gpus": [gpu]}], [], until=60))
     assert str(info.value) == "nodes[0].gpus[0].mig: its MIG devices have 163840 MiB, more than the GPU's 10240 MiB"
+
+
+def test_unknown_fields_in_specs_are_refused_by_name() -> None:
+    """A misspelled task field (gpuMemroy) or queue field is refused, naming each, instead of running a whole GPU."""
+    doc = scenario([node("node-a", "24Gi")], [submit("t", gpus=1, gpuMemroy="4Gi")],
+                   queue_spec={"resources": [{"name": "gputask.io/gpu-memory", "nominalQuota": "24Gi", "borow": 1}]})
+    with pytest.raises(ScenarioError) as refused:
+        run_scenario(doc)
+    assert str(refused.value) == (
+        "events[0].submit.spec.gpuMemroy: unknown field (not in the GPUTask CRD)\n"
+        "queues[0].spec.resources[0].borow: unknown field (not in the GPUClusterQueue CRD)"
+    )
