@@ -113,6 +113,10 @@ def test_gpus_outside_1_to_16_or_not_an_integer_is_invalid(gpus: Any, message: s
         ({"gpuMemory": "-1Gi"}, "spec.gpuMemory: '-1Gi' must be positive"),
         ({"gpuMemory": "0"}, "spec.gpuMemory: '0' must be positive"),
         ({"gpuMemory": "1Ei"}, "spec.gpuMemory: '1Ei' is more than any GPU has (limit 1Ti)"),
+        ({"gpuMemory": 4096}, "spec.gpuMemory: 4096 is less than 1Mi (a bare number is bytes): likely a unit mistake, "
+                              "write e.g. '4096Mi'"),
+        ({"gpuMemory": "512Ki"}, "spec.gpuMemory: '512Ki' is less than 1Mi (a bare number is bytes): likely a unit "
+                                 "mistake, write e.g. '4096Mi' or '4Gi'"),
         ({"gpuMemory": "abc"}, "spec.gpuMemory: 'abc': " + QUANTITY_RULE),
         (
             {"gpuMemory": "8Gi", "gpuFraction": "0.5"},
