@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gputask.config import Config
@@ -177,14 +178,15 @@ def jobs_table(tasks: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Table
         placement = parse_placement(annotations.get(PLACEMENT_ANNOTATION))
         if job is None or placement is None:
             status = task.get("status") or {}
-            table.add_row(name, "-", "-", "-", f"({status.get('phase', 'Pending')}: {status.get('message', '')})")
+            why = f"({status.get('phase', 'Pending')}: {status.get('message', '')})"
+            table.add_row(escape(name), "-", "-", "-", escape(why))
             continue
         table.add_row(
-            name,
-            placement.node,
+            escape(name),
+            escape(placement.node),
             ", ".join(g.uuid for g in placement.gpus),
             ", ".join(str(g.memory_mib) for g in placement.gpus),
-            job["metadata"]["name"],
+            escape(job["metadata"]["name"]),
         )
     return table
 
@@ -245,5 +247,5 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
         await client.close()
     if not ok:
         console.print("[red]not every task got a Job[/]")
-        console.print(json.dumps([t.get("status") for t in tasks], indent=1))
+        console.print(json.dumps([t.get("status") for t in tasks], indent=1), markup=False)
     return 0 if ok else 1

@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import config as k8s_config
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gputask.config import Config
 from gputask.core.diagnose import Diagnosis, change_for, diagnose
@@ -297,7 +298,7 @@ def render_table(console: Console, rows: Sequence[Mapping[str, Any]], columns: S
     for column in columns:
         table.add_column((headers or {}).get(column, column.replace("_", " ").upper()), overflow="fold")
     for row in rows:
-        table.add_row(*(_cell(c, row[c]) for c in columns))
+        table.add_row(*(Text(_cell(c, row[c])) for c in columns))  # Text: cluster values are never markup
     with console.capture() as captured:
         console.print(table)
     lines = "\n".join(line.rstrip() for line in captured.get().splitlines())
@@ -307,11 +308,11 @@ def render_table(console: Console, rows: Sequence[Mapping[str, Any]], columns: S
 def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, Any]) -> None:
     """``gputask explain``'s text: the state, the gate or each flavor's quota, nodes and preemption, then the
     smallest changes."""
-    def out(text: str) -> None:
-        console.print(text, soft_wrap=True)
+    def out(text: str, bold: str = "") -> None:  # never markup: names and messages come from the cluster
+        console.print(Text.assemble((bold, "bold"), text), soft_wrap=True)
 
-    out(f"[bold]{found.key}[/]: {status.get('phase') or found.state.capitalize()}"
-        + (f" ({_reason(status)}: {status.get('message')})" if _reason(status) else ""))
+    out(f": {status.get('phase') or found.state.capitalize()}"
+        + (f" ({_reason(status)}: {status.get('message')})" if _reason(status) else ""), bold=found.key)
     if found.state == "unknown":
         out("The operator's view has no such task waiting or running (it finished, or failed for good).")
         return
@@ -327,7 +328,7 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
         out(f"Held before placement: {found.gate.reason}: {found.gate.message}")
     for view in found.flavors:
         title = f"flavor {view.flavor}" if view.flavor else "placement"
-        out(f"\n[bold]{title}[/]")
+        out("", bold=f"\n{title}")
         for line in view.quota:
             left = "unlimited" if line.left is None else str(line.left)
             verdict = "ok" if not line.short else f"short by {line.short}"
@@ -346,7 +347,7 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
     if found.gate is None and any(v.fits_now for v in found.flavors):
         out("\nIt fits now: the operator's next cycle admits it (unless tasks ahead of it take the room first).")
     elif found.changes:
-        out("\n[bold]Smallest changes that would let it in[/]")
+        out("", bold="\nSmallest changes that would let it in")
         for change in found.changes:
             out(f"  - {change}")
     else:

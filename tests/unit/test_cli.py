@@ -30,3 +30,24 @@ def test_top_level_help_lists_commands_for_users() -> None:
     for command in ("run", "agent", "get", "explain", "top", "demo", "scenario", "simulate"):
         assert f"│ {command} " in result.output, command
     assert "lazily" not in result.output and "matplotlib" not in result.output  # no developer notes
+
+
+def test_cluster_text_with_brackets_prints_verbatim_in_tables_and_explain() -> None:
+    """Names and messages from the cluster are never read as rich markup: a regex keeps its brackets."""
+    from rich.console import Console
+
+    from gputask.core.diagnose import Diagnosis
+    from gputask.live import render_diagnosis, render_table
+
+    regex = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    console = Console(width=200, color_system=None, record=True)
+    render_table(console, [{"name": "t", "reason": f"InvalidSpec [bold]{regex}"}], ["name", "reason"])
+    status = {"phase": "Failed", "conditions": [{"type": "Admitted", "reason": "InvalidSpec",
+                                                 "message": f"must match {regex}"}], "message": f"must match {regex}"}
+    render_diagnosis(console, Diagnosis(key="default/t", state="unknown"), status)
+    assert console.export_text().splitlines() == [
+        "NAME  REASON",
+        f"t     InvalidSpec [bold]{regex}",
+        f"default/t: Failed (InvalidSpec: must match {regex})",
+        "The operator's view has no such task waiting or running (it finished, or failed for good).",
+    ]
