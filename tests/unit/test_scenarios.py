@@ -453,6 +453,10 @@ def test_grace_period_comes_from_config() -> None:
             "nodes[0].gpus[0].memory: 'lots': " + QUANTITY_RULE,
         ),
         (
+            {"nodes": [node("node-a", "1Ei")]},
+            "nodes[0].gpus[0].memory: '1Ei' is more than any GPU has (limit 1Ti)",
+        ),
+        (
             {"nodes": [node("node-a", "24")]},
             "nodes[0].gpus[0].memory: '24' is less than 1Mi (a bare number is bytes; write e.g. 24Gi)",
         ),

@@ -514,6 +514,8 @@ def _gpu(raw: Any) -> Gpu:
     if not isinstance(uuid, str) or not DEVICE_UUID.match(uuid):
         raise ValueError(f"uuid must be a GPU-... or MIG-... UUID (letters, digits and '-'), got {uuid!r}")
     memory = to_mib(raw["memory"], field="memory")
+    if memory > MAX_GPU_MEMORY_MIB:  # the bound a task's gpuMemory has: no task could use the rest anyway
+        raise ValueError(f"memory {raw['memory']!r} is more than any GPU has (limit 1Ti)")
     used_raw = raw.get("memoryUsed")
     used = quantity(used_raw, field="memoryUsed") if used_raw is not None else Decimal(0)
     if used < 0:

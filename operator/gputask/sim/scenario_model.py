@@ -41,7 +41,14 @@ from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
 from gputask.core.fit import Taint
 from gputask.core.flavors import Flavor
 from gputask.core.model import MIG_PRODUCT_MARK, mig_device_index, mig_parent_index
-from gputask.manifests.convert import MIB, flavor_from_manifest, quantity, queue_from_manifest, to_mib
+from gputask.manifests.convert import (
+    MAX_GPU_MEMORY_MIB,
+    MIB,
+    flavor_from_manifest,
+    quantity,
+    queue_from_manifest,
+    to_mib,
+)
 from gputask.manifests.unknown_fields import crd_schema, prune
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -487,11 +494,14 @@ def core_nodes(scenario: Scenario) -> list[Node]:
 
 
 def _device_mib(value: Any, field: str) -> int:
-    """MiB of a device's ``memory`` quantity; ScenarioError below 1Mi or malformed."""
+    """MiB of a device's ``memory`` quantity; ScenarioError below 1Mi, above 1Ti (the operator's bound) or
+    malformed."""
     try:
         memory = to_mib(value, field=field)
         if quantity(value, field=field) < MIB:
             raise ValueError(f"{field}: {value!r} is less than 1Mi (a bare number is bytes; write e.g. 24Gi)")
+        if memory > MAX_GPU_MEMORY_MIB:
+            raise ValueError(f"{field}: {value!r} is more than any GPU has (limit 1Ti)")
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
     return memory
