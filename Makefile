@@ -66,7 +66,7 @@ lint: $(STAMP) ## ruff and mypy (strict on the core)
 	$(VENV)/bin/mypy
 
 e2e: $(STAMP) ## The kind suite: cluster, image, chart, admission, preemption, node failure (needs Docker, kind)
-	$(PY) -m pytest -q e2e
+	$(PY) -m pytest -q -rs e2e
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo $(TOOLS)

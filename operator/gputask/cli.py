@@ -195,7 +195,7 @@ def explain(
 @scenario_app.command("run")
 def scenario_run(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (DESIGN.md section 6).")],
-    output: Annotated[str, typer.Option(help="table or json")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     policy: Annotated[
         str, typer.Option(help="Placement policy, or 'fifo' for the strict FIFO baseline.")
     ] = DEFAULT_POLICY,
@@ -260,7 +260,7 @@ def simulate(
         ),
     ] = None,
     seeds: Annotated[str, typer.Option(help="Seed range, e.g. 42-51 (not used by --timed).")] = "42-51",
-    output: Annotated[str, typer.Option(help="table or json")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     jobs: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     tie_break: Annotated[
         str,

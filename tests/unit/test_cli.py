@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -51,3 +53,10 @@ def test_cluster_text_with_brackets_prints_verbatim_in_tables_and_explain() -> N
         f"default/t: Failed (InvalidSpec: must match {regex})",
         "The operator's view has no such task waiting or running (it finished, or failed for good).",
     ]
+
+
+def test_scenario_run_takes_dash_o_like_the_other_commands() -> None:
+    """``scenario run FILE -o json`` prints the same JSON as ``--output json``."""
+    path = str(Path(__file__).parents[2] / "examples" / "scenarios" / "seed-fragment-reuse.yaml")
+    short, long = (CliRunner().invoke(app, ["scenario", "run", path, flag, "json"]) for flag in ("-o", "--output"))
+    assert (short.exit_code, json.loads(short.stdout)) == (0, json.loads(long.stdout))
