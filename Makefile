@@ -18,10 +18,12 @@ export HELM
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# Not --quiet: the first run downloads for about a minute, and silence reads as a hang.
 $(STAMP): pyproject.toml
+	@echo "Setting up $(VENV) with gputask and its test, sim, agent and demo extras (first run: about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,sim,agent,demo]'
+	$(PY) -m pip install --progress-bar on -e '.[test,sim,agent,demo]'
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install gputask with test, sim, agent and demo extras
