@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -98,8 +99,26 @@ def build_view(objects: Mapping[str, list[dict[str, Any]]], config: Config | Non
     """A controller rebuilt from ``objects`` (as :func:`list_all` returns them), as a new leader builds it."""
     controller = Controller(config or Config())
     controller.foreign.reset(objects.get("pods", []))
-    controller.rebuild(objects, now=now)
+    inventory_log = logging.getLogger("gputask.inventory")
+    level = inventory_log.level
+    inventory_log.setLevel(logging.ERROR)  # each refused GPUNode entry: summed up once by refused_summary
+    try:
+        controller.rebuild(objects, now=now)
+    finally:
+        inventory_log.setLevel(level)
     return controller
+
+
+def refused_summary(view: Controller) -> str | None:
+    """One line for a command's stderr when GPUNode entries are refused (the operator says each on the GPUNode's
+    Accepted condition and in a GPUNodeRefused Event), or None: ``3 GPUNode entries refused on node-a, node-b
+    (kubectl describe gpunode NAME says why)``."""
+    refused = {name: len(lines) for name, lines in sorted(view.inventory.gpunode_errors.items()) if lines}
+    if not refused:
+        return None
+    count = sum(refused.values())
+    entries = "entry" if count == 1 else "entries"
+    return f"{count} GPUNode {entries} refused on {', '.join(refused)} (kubectl describe gpunode NAME says why)"
 
 
 def _age(timestamp: str | None, now: float) -> str:

@@ -209,3 +209,13 @@ async def test_live_commands_json_all_namespaces_and_errors(cluster: Cluster, tm
     assert bad[1].count("\n") == 1
     wrong = await cli(cluster, "get", "queues", "-o", "yaml")
     assert wrong == (2, "gputask: --output 'yaml': choose table or json\n")
+
+
+async def test_refused_gpunode_entries_are_summed_up_in_one_stderr_line(cluster: Cluster) -> None:
+    """Refused GPUNode entries give each command one stderr line with their count, not one log line each."""
+    body = gpunode("node-x", ("GPU-x0", A10, "1Ei"), ("GPU-x1", A10, "2Ei"), ("GPU-x2", A10, "24Gi"))
+    await cluster.client.create(GPUNODES, {k: v for k, v in body.items() if k != "status"})
+    await cluster.client.patch(GPUNODES, "node-x", {"status": body["status"]}, status=True)
+    result = await asyncio.to_thread(CliRunner().invoke, app, ["get", "nodes", "--kubeconfig", str(cluster.kubeconfig)])
+    assert (result.exit_code, result.stderr) == (
+        0, "gputask: 2 GPUNode entries refused on node-x (kubectl describe gpunode NAME says why)\n")
