@@ -33,6 +33,8 @@ from gputask.k8s.client import PODS, ApiError, KubeClient, load_api_client
 from gputask.k8s.controller import Controller
 from gputask.k8s.foreign import UNFINISHED_PODS
 from gputask.k8s.handlers import REBUILD_ORDER
+from gputask.k8s.tasks import memory_text
+from gputask.manifests.convert import QUEUE_LABEL
 
 
 class LiveError(Exception):
@@ -145,8 +147,10 @@ def _reason(status: Mapping[str, Any]) -> str:
 
 def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, namespace: str | None,
               now: float) -> list[dict[str, Any]]:
-    """One row per GPUTask (of ``namespace``; None: all): queue, phase, position, node, GPUs, memory per GPU
-    (``status.gpuMemory``: reserved once placed, else asked), reason, age.
+    """One row per GPUTask (of ``namespace``; None: all): queue (the GPULocalQueue as written: ``spec.queueName``
+    or the ``kueue.x-k8s.io/queue-name`` label), cluster_queue (the GPUClusterQueue it resolves to, ``-`` while
+    none), phase, position, node, GPUs, memory per GPU (``status.gpuMemory``: reserved once placed, else asked;
+    read from the spec before the operator wrote a status), reason, age.
 
     ``position`` (0 = head) is the task's place among the pending tasks of its GPUClusterQueue, in the
     scheduler's order, computed for every pending task (``status.queuePosition`` is kept only for the
@@ -170,20 +174,31 @@ def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, nam
         record = view.tasks.get(key)
         phase = record.phase if record is not None else str(status.get("phase") or "Pending")
         resolved = record.task.queue if record is not None and record.task is not None else None
+        labels = meta.get("labels") or {}
         rows.append({
             "namespace": ns,
             "name": str(meta.get("name")),
-            "queue": str(status.get("queue") or resolved or spec.get("queueName") or "-"),
+            "queue": str(spec.get("queueName") or labels.get(QUEUE_LABEL) or "-"),
+            "cluster_queue": str(resolved or status.get("queue") or "-"),
             "phase": phase,
             "position": positions.get(key),
             "node": str(placement.get("node") or "-"),
             "gpus": spec.get("gpus", 1),
-            "memory": str(status.get("gpuMemory") or "-"),
+            "memory": str(status.get("gpuMemory") or (record is not None and memory_text(record)) or _asked(spec)),
             "reason": _reason(status),
             "age": _age(meta.get("creationTimestamp"), now),
         })
     rows.sort(key=lambda r: (r["namespace"], r["name"]))
     return rows
+
+
+def _asked(spec: Mapping[str, Any]) -> str:
+    """What a task asks per GPU, read from its spec as written (the operator has not converted it yet)."""
+    if spec.get("gpuMemory") is not None:
+        return str(spec["gpuMemory"])
+    if spec.get("gpuFraction") is not None:
+        return f"{spec['gpuFraction']} GPU"
+    return "whole GPU"
 
 
 def queue_rows(view: Controller) -> list[dict[str, Any]]:
@@ -290,8 +305,8 @@ def explain_task(view: Controller, namespace: str, name: str, status: Mapping[st
 
 
 # -- rendering ---------------------------------------------------------------------------------------
-TASK_COLUMNS = ("queue", "phase", "position", "node", "gpus", "memory", "reason", "age")
-TASK_HEADERS = {"position": "POS"}
+TASK_COLUMNS = ("queue", "cluster_queue", "phase", "position", "node", "gpus", "memory", "reason", "age")
+TASK_HEADERS = {"position": "POS", "cluster_queue": "CLUSTERQUEUE"}
 
 
 def _cell(column: str, value: Any) -> str:
