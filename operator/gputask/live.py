@@ -159,6 +159,8 @@ def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, nam
     positions: dict[str, int] = {}
     seen: dict[str, int] = {}
     for task in view.scheduler.pending:
+        if view.scheduler.never_admits(task):
+            continue  # no place in a queue that never admits it
         positions[task.key] = seen.get(task.queue, 0)
         seen[task.queue] = positions[task.key] + 1
     rows = []

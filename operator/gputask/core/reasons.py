@@ -274,6 +274,8 @@ def could_ever_fit(state: NodeState, task: Task) -> bool:
 def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:
     """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
     pending = scheduler.pending.count_by_queue()
+    for queue, parked in scheduler.parked_by_queue().items():  # never admitted there: not its pending work
+        pending[queue] -= parked
     admitted: dict[str, int] = {}
     for (queue, _, _, _), tally in scheduler.ledger.tallies.items():  # O(groups), not O(tasks)
         if tally.running:
