@@ -77,9 +77,16 @@ def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def last_applied(obj: Mapping[str, Any]) -> str:
-    """The ``kubectl.kubernetes.io/last-applied-configuration`` value kubectl writes for ``obj``: its JSON with
-    keys sorted, compact, and a newline (so a later ``kubectl apply`` of the same file diffs against it)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n"
+    """The ``kubectl.kubernetes.io/last-applied-configuration`` value kubectl writes for ``obj``, byte for byte (so
+    a later ``kubectl apply`` of the same file finds nothing to change): Go's JSON of the object with its
+    annotations but that one (an empty map kept), keys sorted, compact, ``<``, ``>`` and ``&`` escaped, a newline."""
+    meta = dict(obj.get("metadata") or {})
+    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+    text = json.dumps({**obj, "metadata": meta}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                          ("\u2029", "\\u2029")):
+        text = text.replace(char, escaped)
+    return text + "\n"
 
 
 async def apply(client: KubeClient, obj: Mapping[str, Any]) -> None:
