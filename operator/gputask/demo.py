@@ -218,12 +218,18 @@ async def run_demo(*, keep: bool, port: int, workdir: Path, timeout_s: float = 6
         # operator, cycles interleave with the creates); the tasks within one second of creationTimestamp (its
         # resolution), so they are ordered by name alone: every run places them alike.
         tasks = [o for o in manifests if o.get("kind") == "GPUTask"]
-        for obj in manifests:
-            if obj.get("kind") != "GPUTask":
+        try:
+            for obj in manifests:
+                if obj.get("kind") != "GPUTask":
+                    await apply(client, obj)
+            await asyncio.sleep(1.0 - time.time() % 1.0 + 0.01)
+            for obj in tasks:
                 await apply(client, obj)
-        await asyncio.sleep(1.0 - time.time() % 1.0 + 0.01)
-        for obj in tasks:
-            await apply(client, obj)
+        except ApiError as exc:  # an example edited into something the API server refuses (gpuMemroy: 4Gi)
+            refused = f"gputask demo: the API server refused an example: {exc.message}"
+            console.print(refused, markup=False, soft_wrap=True)
+            await client.close()
+            return 2
         operator = build_operator(Config(cycleInterval=0.5), kubeconfig=str(kubeconfig))
         stop = asyncio.Event()
         runner = asyncio.create_task(run_operator(operator, stop_flag=stop))

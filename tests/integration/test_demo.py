@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gputask import demo
 from gputask.config import Config
 from gputask.demo import apply, load_manifests, run_demo, run_pods
 from gputask.k8s.client import PODS, KubeClient, load_api_client
@@ -78,3 +79,17 @@ async def test_kubectl_apply_after_the_demo_finds_the_examples_unchanged(tmp_pat
     changed = [line for line in done.stdout.splitlines() if "unchanged" not in line]
     assert (done.returncode, done.stderr, changed) == (
         0, "", [f"gpunode.gputask.io/node-{n} configured" for n in "abcd"])
+
+
+async def test_a_misspelled_field_in_an_example_stops_the_demo_saying_which(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An example with gpuMemroy is refused as kubectl apply refuses it, and the demo says so and exits 2."""
+    examples = tmp_path / "examples"
+    shutil.copytree(REPO / "examples", examples)
+    path = examples / "20-gputask.yaml"
+    path.write_text(path.read_text().replace("gpuMemory: 12Gi", "gpuMemroy: 12Gi"))
+    monkeypatch.setattr(demo, "project_dir", lambda name: examples if name == "examples" else REPO / name)
+    code = await demo.run_demo(keep=False, port=0, workdir=tmp_path / "demo")
+    assert (code, capsys.readouterr().out.splitlines()[-1]) == (
+        2, 'gputask demo: the API server refused an example: GPUTask in version "v1alpha1" cannot be handled as a '
+           'GPUTask: strict decoding error: unknown field "spec.gpuMemroy"')
