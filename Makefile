@@ -13,7 +13,7 @@ HELM ?= $(abspath $(TOOLS))/bin/helm
 export HELM
 
 .DEFAULT_GOAL := help
-.PHONY: help install helm test demo demo-keep bench bench-speed bench-e2e chaos-e2e lint e2e clean
+.PHONY: help install helm test demo demo-keep trace-check bench bench-speed bench-e2e chaos-e2e lint e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,19 +42,18 @@ demo: $(STAMP) ## Run the real operator against the embedded API emulator and pr
 demo-keep: $(STAMP) ## Like demo, but keep it running and print a kubeconfig for kubectl
 	$(VENV)/bin/gputask demo --keep --port $(PORT)
 
-# The trace is not shipped (research-use terms): say where to get it before anything runs.
-TRACE_CHECK = @test -f $(TRACE_DIR)/openb_node_list_gpu_node.csv || { \
-	echo "make $@: no Alibaba GPU trace at $(TRACE_DIR) (openb_node_list_gpu_node.csv not found)." >&2; \
+# The trace is not shipped (research-use terms): say where to get it before anything runs or installs.
+trace-check:
+	@test -f $(TRACE_DIR)/openb_node_list_gpu_node.csv || { \
+	echo "make $(MAKECMDGOALS): no Alibaba GPU trace at $(TRACE_DIR) (openb_node_list_gpu_node.csv not found)." >&2; \
 	echo "  Get cluster-trace-gpu-v2023/csv/ from https://github.com/alibaba/clusterdata and run:" >&2; \
-	echo "  make $@ TRACE_DIR=/path/to/cluster-trace-gpu-v2023/csv" >&2; exit 2; }
+	echo "  make $(MAKECMDGOALS) TRACE_DIR=/path/to/cluster-trace-gpu-v2023/csv" >&2; exit 2; }
 
-bench: $(STAMP) ## Trace benchmark: 17 pod lists x policies x SEEDS (JOBS workers) into bench/results, then bench-speed
-	$(TRACE_CHECK)
+bench: trace-check $(STAMP) ## Trace benchmark: 17 pod lists x policies x SEEDS (JOBS workers) into bench/results, then bench-speed
 	$(PY) bench/run_bench.py --trace-dir $(TRACE_DIR) --seeds $(SEEDS) --jobs $(JOBS) --out bench/results
 	$(MAKE) --no-print-directory bench-speed
 
-bench-speed: $(STAMP) ## Placements/s on one core: trace cluster and a 5,000-node synthetic cycle (bench/results/speed.json)
-	$(TRACE_CHECK)
+bench-speed: trace-check $(STAMP) ## Placements/s on one core: trace cluster and a 5,000-node synthetic cycle (bench/results/speed.json)
 	$(PY) bench/speed.py --trace-dir $(TRACE_DIR) --out bench/results/speed.json
 
 bench-e2e: $(STAMP) ## A 2,000-task burst against the real operator, emulator and operator in their own processes; restart after
