@@ -48,6 +48,7 @@ from gputask.core import (
     make_policy,
 )
 from gputask.core.flavors import Flavor, flavored
+from gputask.sim.report import UsageError, check_trace
 from gputask.sim.trace import GPU_MIB, RunSpec, build_nodes, load_trace, replay, workload
 
 GIB = 1024
@@ -218,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "speed.json")
     args = parser.parse_args(argv)
+    try:
+        check_trace(args.trace_dir, ["openb_pod_list_default.csv"])
+    except UsageError as err:
+        print(f"speed: {err}", file=sys.stderr)
+        return 2
     result = {
         "machine": machine(),
         "trace": trace_speed(args.trace_dir, args.policies.split(",")),

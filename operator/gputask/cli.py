@@ -66,17 +66,20 @@ OperatorConfig = Annotated[
 def _live(kubeconfig: str | None, context: str | None, config: Path | None, output: str):  # type: ignore[no-untyped-def]
     """Load the cluster for a live command: (objects, view, now); one line and exit 2 on failure."""
     from gputask.config import ConfigError, load_config
-    from gputask.live import LiveError, load
+    from gputask.live import LiveError, load, refused_summary
 
     if output not in ("table", "json"):
         typer.echo(f"gputask: --output {output!r}: choose table or json", err=True)
         raise typer.Exit(2)
     try:
         settings = load_config(config)
-        return load(kubeconfig, context, settings)
+        loaded = load(kubeconfig, context, settings)
     except (LiveError, ConfigError) as exc:
         typer.echo(f"gputask: {exc}", err=True)
         raise typer.Exit(2) from None
+    if (refused := refused_summary(loaded[1])) is not None:
+        typer.echo(f"gputask: {refused}", err=True)
+    return loaded
 
 
 def _namespace(kubeconfig: str | None, context: str | None, namespace: str | None, all_namespaces: bool) -> str | None:
@@ -195,7 +198,7 @@ def explain(
 @scenario_app.command("run")
 def scenario_run(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (DESIGN.md section 6).")],
-    output: Annotated[str, typer.Option(help="table or json")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     policy: Annotated[
         str, typer.Option(help="Placement policy, or 'fifo' for the strict FIFO baseline.")
     ] = DEFAULT_POLICY,
@@ -260,7 +263,7 @@ def simulate(
         ),
     ] = None,
     seeds: Annotated[str, typer.Option(help="Seed range, e.g. 42-51 (not used by --timed).")] = "42-51",
-    output: Annotated[str, typer.Option(help="table or json")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     jobs: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     tie_break: Annotated[
         str,

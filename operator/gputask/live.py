@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -22,6 +23,7 @@ from typing import Any
 from kubernetes import config as k8s_config
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gputask.config import Config
 from gputask.core.diagnose import Diagnosis, change_for, diagnose
@@ -31,6 +33,8 @@ from gputask.k8s.client import PODS, ApiError, KubeClient, load_api_client
 from gputask.k8s.controller import Controller
 from gputask.k8s.foreign import UNFINISHED_PODS
 from gputask.k8s.handlers import REBUILD_ORDER
+from gputask.k8s.tasks import memory_text
+from gputask.manifests.convert import QUEUE_LABEL
 
 
 class LiveError(Exception):
@@ -97,8 +101,26 @@ def build_view(objects: Mapping[str, list[dict[str, Any]]], config: Config | Non
     """A controller rebuilt from ``objects`` (as :func:`list_all` returns them), as a new leader builds it."""
     controller = Controller(config or Config())
     controller.foreign.reset(objects.get("pods", []))
-    controller.rebuild(objects, now=now)
+    inventory_log = logging.getLogger("gputask.inventory")
+    level = inventory_log.level
+    inventory_log.setLevel(logging.ERROR)  # each refused GPUNode entry: summed up once by refused_summary
+    try:
+        controller.rebuild(objects, now=now)
+    finally:
+        inventory_log.setLevel(level)
     return controller
+
+
+def refused_summary(view: Controller) -> str | None:
+    """One line for a command's stderr when GPUNode entries are refused (the operator says each on the GPUNode's
+    Accepted condition and in a GPUNodeRefused Event), or None: ``3 GPUNode entries refused on node-a, node-b
+    (kubectl describe gpunode NAME says why)``."""
+    refused = {name: len(lines) for name, lines in sorted(view.inventory.gpunode_errors.items()) if lines}
+    if not refused:
+        return None
+    count = sum(refused.values())
+    entries = "entry" if count == 1 else "entries"
+    return f"{count} GPUNode {entries} refused on {', '.join(refused)} (kubectl describe gpunode NAME says why)"
 
 
 def _age(timestamp: str | None, now: float) -> str:
@@ -125,8 +147,10 @@ def _reason(status: Mapping[str, Any]) -> str:
 
 def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, namespace: str | None,
               now: float) -> list[dict[str, Any]]:
-    """One row per GPUTask (of ``namespace``; None: all): queue, phase, position, node, GPUs, memory per GPU
-    (``status.gpuMemory``: reserved once placed, else asked), reason, age.
+    """One row per GPUTask (of ``namespace``; None: all): queue (the GPULocalQueue as written: ``spec.queueName``
+    or the ``kueue.x-k8s.io/queue-name`` label), cluster_queue (the GPUClusterQueue it resolves to, ``-`` while
+    none), phase, position, node, GPUs, memory per GPU (``status.gpuMemory``: reserved once placed, else asked;
+    read from the spec before the operator wrote a status), reason, age.
 
     ``position`` (0 = head) is the task's place among the pending tasks of its GPUClusterQueue, in the
     scheduler's order, computed for every pending task (``status.queuePosition`` is kept only for the
@@ -135,6 +159,8 @@ def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, nam
     positions: dict[str, int] = {}
     seen: dict[str, int] = {}
     for task in view.scheduler.pending:
+        if view.scheduler.never_admits(task):
+            continue  # no place in a queue that never admits it
         positions[task.key] = seen.get(task.queue, 0)
         seen[task.queue] = positions[task.key] + 1
     rows = []
@@ -150,20 +176,31 @@ def task_rows(objects: Mapping[str, list[dict[str, Any]]], view: Controller, nam
         record = view.tasks.get(key)
         phase = record.phase if record is not None else str(status.get("phase") or "Pending")
         resolved = record.task.queue if record is not None and record.task is not None else None
+        labels = meta.get("labels") or {}
         rows.append({
             "namespace": ns,
             "name": str(meta.get("name")),
-            "queue": str(status.get("queue") or resolved or spec.get("queueName") or "-"),
+            "queue": str(spec.get("queueName") or labels.get(QUEUE_LABEL) or "-"),
+            "cluster_queue": str(resolved or status.get("queue") or "-"),
             "phase": phase,
             "position": positions.get(key),
             "node": str(placement.get("node") or "-"),
             "gpus": spec.get("gpus", 1),
-            "memory": str(status.get("gpuMemory") or "-"),
+            "memory": str(status.get("gpuMemory") or (record is not None and memory_text(record)) or _asked(spec)),
             "reason": _reason(status),
             "age": _age(meta.get("creationTimestamp"), now),
         })
     rows.sort(key=lambda r: (r["namespace"], r["name"]))
     return rows
+
+
+def _asked(spec: Mapping[str, Any]) -> str:
+    """What a task asks per GPU, read from its spec as written (the operator has not converted it yet)."""
+    if spec.get("gpuMemory") is not None:
+        return str(spec["gpuMemory"])
+    if spec.get("gpuFraction") is not None:
+        return f"{spec['gpuFraction']} GPU"
+    return "whole GPU"
 
 
 def queue_rows(view: Controller) -> list[dict[str, Any]]:
@@ -270,8 +307,8 @@ def explain_task(view: Controller, namespace: str, name: str, status: Mapping[st
 
 
 # -- rendering ---------------------------------------------------------------------------------------
-TASK_COLUMNS = ("queue", "phase", "position", "node", "gpus", "memory", "reason", "age")
-TASK_HEADERS = {"position": "POS"}
+TASK_COLUMNS = ("queue", "cluster_queue", "phase", "position", "node", "gpus", "memory", "reason", "age")
+TASK_HEADERS = {"position": "POS", "cluster_queue": "CLUSTERQUEUE"}
 
 
 def _cell(column: str, value: Any) -> str:
@@ -297,7 +334,7 @@ def render_table(console: Console, rows: Sequence[Mapping[str, Any]], columns: S
     for column in columns:
         table.add_column((headers or {}).get(column, column.replace("_", " ").upper()), overflow="fold")
     for row in rows:
-        table.add_row(*(_cell(c, row[c]) for c in columns))
+        table.add_row(*(Text(_cell(c, row[c])) for c in columns))  # Text: cluster values are never markup
     with console.capture() as captured:
         console.print(table)
     lines = "\n".join(line.rstrip() for line in captured.get().splitlines())
@@ -307,11 +344,11 @@ def render_table(console: Console, rows: Sequence[Mapping[str, Any]], columns: S
 def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, Any]) -> None:
     """``gputask explain``'s text: the state, the gate or each flavor's quota, nodes and preemption, then the
     smallest changes."""
-    def out(text: str) -> None:
-        console.print(text, soft_wrap=True)
+    def out(text: str, bold: str = "") -> None:  # never markup: names and messages come from the cluster
+        console.print(Text.assemble((bold, "bold"), text), soft_wrap=True)
 
-    out(f"[bold]{found.key}[/]: {status.get('phase') or found.state.capitalize()}"
-        + (f" ({_reason(status)}: {status.get('message')})" if _reason(status) else ""))
+    out(f": {status.get('phase') or found.state.capitalize()}"
+        + (f" ({_reason(status)}: {status.get('message')})" if _reason(status) else ""), bold=found.key)
     if found.state == "unknown":
         out("The operator's view has no such task waiting or running (it finished, or failed for good).")
         return
@@ -327,7 +364,7 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
         out(f"Held before placement: {found.gate.reason}: {found.gate.message}")
     for view in found.flavors:
         title = f"flavor {view.flavor}" if view.flavor else "placement"
-        out(f"\n[bold]{title}[/]")
+        out("", bold=f"\n{title}")
         for line in view.quota:
             left = "unlimited" if line.left is None else str(line.left)
             verdict = "ok" if not line.short else f"short by {line.short}"
@@ -346,7 +383,7 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
     if found.gate is None and any(v.fits_now for v in found.flavors):
         out("\nIt fits now: the operator's next cycle admits it (unless tasks ahead of it take the room first).")
     elif found.changes:
-        out("\n[bold]Smallest changes that would let it in[/]")
+        out("", bold="\nSmallest changes that would let it in")
         for change in found.changes:
             out(f"  - {change}")
     else:

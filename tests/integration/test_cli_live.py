@@ -31,12 +31,12 @@ EXPECTED_REASONS = {
 
 SNAPSHOTS = {  # noqa: E501 (the commands' lines, verbatim)
     'get tasks': (
-        'NAME   QUEUE    PHASE     POS  NODE    GPUS  MEMORY  REASON         AGE\n'
-        'big    default  Admitted  -    node-a  1     20Gi    Admitted       <age>\n'
-        'half   tight    Admitted  -    node-a  1     8Gi     Admitted       <age>\n'
-        'mem    default  Pending   0    -       1     20Gi    NoFit          <age>\n'
-        'more   tight    Pending   0    -       1     8Gi     QuotaExceeded  <age>\n'
-        'on-l4  default  Pending   1    -       1     4Gi     Inadmissible   <age>\n'
+        'NAME   QUEUE    CLUSTERQUEUE  PHASE     POS  NODE    GPUS  MEMORY  REASON         AGE\n'
+        'big    default  default       Admitted  -    node-a  1     20Gi    Admitted       <age>\n'
+        'half   tight    tight         Admitted  -    node-a  1     8Gi     Admitted       <age>\n'
+        'mem    default  default       Pending   0    -       1     20Gi    NoFit          <age>\n'
+        'more   tight    tight         Pending   0    -       1     8Gi     QuotaExceeded  <age>\n'
+        'on-l4  default  default       Pending   1    -       1     4Gi     Inadmissible   <age>\n'
     ),
     'get queues': (
         'NAME     COHORT  PENDING  ADMITTED  ACTIVE  USAGE\n'
@@ -182,8 +182,8 @@ async def test_live_commands_json_all_namespaces_and_errors(cluster: Cluster, tm
         await settle(cluster, ("big", "half"))
     code, text = await cli(cluster, "get", "tasks", "-A")
     assert (code, aged(text).splitlines()[:2]) == (0, [
-        "NAMESPACE  NAME  QUEUE    PHASE     POS  NODE    GPUS  MEMORY  REASON    AGE",
-        "default    big   default  Admitted  -    node-a  1     20Gi    Admitted  <age>",
+        "NAMESPACE  NAME  QUEUE    CLUSTERQUEUE  PHASE     POS  NODE    GPUS  MEMORY  REASON    AGE",
+        "default    big   default  default       Admitted  -    node-a  1     20Gi    Admitted  <age>",
     ])
     code, text = await cli(cluster, "get", "tasks", "-n", "elsewhere")
     assert (code, text) == (0, "No GPUTasks found in elsewhere namespace.\n")
@@ -209,3 +209,26 @@ async def test_live_commands_json_all_namespaces_and_errors(cluster: Cluster, tm
     assert bad[1].count("\n") == 1
     wrong = await cli(cluster, "get", "queues", "-o", "yaml")
     assert wrong == (2, "gputask: --output 'yaml': choose table or json\n")
+
+
+async def test_refused_gpunode_entries_are_summed_up_in_one_stderr_line(cluster: Cluster) -> None:
+    """Refused GPUNode entries give each command one stderr line with their count, not one log line each."""
+    body = gpunode("node-x", ("GPU-x0", A10, "1Ei"), ("GPU-x1", A10, "2Ei"), ("GPU-x2", A10, "24Gi"))
+    await cluster.client.create(GPUNODES, {k: v for k, v in body.items() if k != "status"})
+    await cluster.client.patch(GPUNODES, "node-x", {"status": body["status"]}, status=True)
+    result = await asyncio.to_thread(CliRunner().invoke, app, ["get", "nodes", "--kubeconfig", str(cluster.kubeconfig)])
+    assert (result.exit_code, result.stderr) == (
+        0, "gputask: 2 GPUNode entries refused on node-x (kubectl describe gpunode NAME says why)\n")
+
+
+async def test_get_tasks_names_the_local_queue_as_written_and_the_cluster_queue_apart(cluster: Cluster) -> None:
+    """QUEUE is always the GPULocalQueue the task names, CLUSTERQUEUE what it resolves to ('-' while none), and
+    MEMORY what it asks before the operator wrote a status."""
+    await cluster.submit(gputask("lost", queueName="nowhere", gpuMemory="6Gi"))
+    await cluster.submit(gputask("whole", queueName="nowhere", gpus=2))
+    code, text = await cli(cluster, "get", "tasks")
+    assert (code, aged(text)) == (0, (
+        "NAME   QUEUE    CLUSTERQUEUE  PHASE    POS  NODE  GPUS  MEMORY     REASON  AGE\n"
+        "lost   nowhere  -             Pending  -    -     1     6Gi                <age>\n"
+        "whole  nowhere  -             Pending  -    -     2     whole GPU          <age>\n"
+    ))

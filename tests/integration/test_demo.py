@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from gputask import demo
 from gputask.config import Config
-from gputask.demo import run_demo, run_pods
-from gputask.k8s.client import PODS
-from harness import Cluster, eventually, gputask, running_operator
+from gputask.demo import apply, load_manifests, run_demo, run_pods
+from gputask.k8s.client import PODS, KubeClient, load_api_client
+from gputask.testing import EmulatorServer
+from harness import REPO, Cluster, eventually, gputask, running_operator
 
 
 async def test_demo_places_the_examples_alike_on_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,3 +55,41 @@ async def test_the_demo_runs_each_jobs_pod_so_tasks_run_and_stay(cluster: Cluste
             "Running", 1, "node-a", "Running")
     finally:
         kubelet.cancel()
+
+
+async def test_kubectl_apply_after_the_demo_finds_the_examples_unchanged(tmp_path: Path) -> None:
+    """The demo applies the examples as kubectl apply would: a later kubectl apply of them warns of no missing
+    last-applied-configuration annotation and finds every spec unchanged."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    examples = sorted((REPO / "examples").glob("*.yaml"))
+    async with EmulatorServer() as server:
+        server.install_crds_from(REPO / "crds")
+        config = server.write_kubeconfig(tmp_path / "kubeconfig")
+        client = KubeClient(load_api_client(str(config)))
+        try:
+            for obj in load_manifests(examples):
+                await apply(client, obj)
+        finally:
+            await client.close()
+        command = ["kubectl", "--kubeconfig", str(config), "apply", *(f"-f={path}" for path in examples)]
+        done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+    # GPUNodes alone are patched: the file's status has a 2024 heartbeat, the demo (the agent) a fresh one; the
+    # API server ignores status in a patch of the main resource, as on a real cluster
+    changed = [line for line in done.stdout.splitlines() if "unchanged" not in line]
+    assert (done.returncode, done.stderr, changed) == (
+        0, "", [f"gpunode.gputask.io/node-{n} configured" for n in "abcd"])
+
+
+async def test_a_misspelled_field_in_an_example_stops_the_demo_saying_which(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An example with gpuMemroy is refused as kubectl apply refuses it, and the demo says so and exits 2."""
+    examples = tmp_path / "examples"
+    shutil.copytree(REPO / "examples", examples)
+    path = examples / "20-gputask.yaml"
+    path.write_text(path.read_text().replace("gpuMemory: 12Gi", "gpuMemroy: 12Gi"))
+    monkeypatch.setattr(demo, "project_dir", lambda name: examples if name == "examples" else REPO / name)
+    code = await demo.run_demo(keep=False, port=0, workdir=tmp_path / "demo")
+    assert (code, capsys.readouterr().out.splitlines()[-1]) == (
+        2, 'gputask demo: the API server refused an example: GPUTask in version "v1alpha1" cannot be handled as a '
+           'GPUTask: strict decoding error: unknown field "spec.gpuMemroy"')

@@ -647,3 +647,69 @@ async def test_a_claims_spec_is_immutable(server: EmulatorServer, api: aiohttp.C
     assert (spec_change[0], spec_change[1]["message"].split(": ")[0:2], label_change[0]) == (
         422, ['ResourceClaim.resource.k8s.io "c" is invalid', "spec"], 200)
     assert spec_change[1]["message"].endswith(": field is immutable")
+
+
+TYPO_TASK = {
+    "apiVersion": "gputask.io/v1alpha1",
+    "kind": "GPUTask",
+    "metadata": {"name": "typo", "namespace": "default", "foo": 1},
+    "spec": {"queueName": "default", "gpus": 1, "gpuMemroy": "4Gi", "zz": 1,
+             "template": {"spec": {"containers": [{"name": "c", "image": "busybox", "anything": 1}]}}},
+}
+
+
+async def test_unknown_fields_are_refused_warned_of_or_dropped_by_field_validation(
+        server: EmulatorServer, api: aiohttp.ClientSession) -> None:
+    """Fields the CRD does not declare: Strict refuses a create, PUT or patch in kube-apiserver v1.28.7's words,
+    Warn (also the default) stores the task pruned with a Warning header each, Ignore prunes silently."""
+    server.install_crds_from(REPO / "crds")
+    path = "/apis/gputask.io/v1alpha1/namespaces/default/gputasks"
+    fields = 'unknown field "metadata.foo", unknown field "spec.gpuMemroy", unknown field "spec.zz"'
+    answers = {}
+    for mode in ("Strict", "Warn", "Ignore", None):
+        params = {"fieldValidation": mode} if mode else {}
+        async with api.post(path, json=TYPO_TASK, params=params) as resp:
+            body = await resp.json()
+            warnings = resp.headers.getall("Warning", [])
+            answers[mode] = (resp.status, body.get("message") or sorted(body["spec"]), warnings)
+        await call(api, "DELETE", f"{path}/typo")
+    warned = ['299 - "unknown field \\"metadata.foo\\""', '299 - "unknown field \\"spec.gpuMemroy\\""',
+              '299 - "unknown field \\"spec.zz\\""']
+    kept = ["gpus", "queueName", "template"]
+    async with api.post(path, json={**TYPO_TASK, "metadata": {"name": "typo"}}, params={"fieldValidation": "Ignore"}):
+        pass
+    status, patched = await call(api, "PATCH", f"{path}/typo", {"spec": {"gpuMemroy": "4Gi"}}, MERGE,
+                                 fieldValidation="Strict")
+    task = (await call(api, "GET", f"{path}/typo"))[1]
+    status_put, put = await call(api, "PUT", f"{path}/typo", {**task, "spec": {**task["spec"], "gpuMemroy": "4Gi"}},
+                                 fieldValidation="Strict")
+    assert (answers, status, patched["reason"], patched["message"].endswith(
+        'strict decoding error: unknown field "spec.gpuMemroy"'), status_put, put["message"]) == (
+        {
+            "Strict": (400, f'GPUTask in version "v1alpha1" cannot be handled as a GPUTask: strict decoding error: '
+                            f'{fields}', []),
+            "Warn": (201, kept, warned),
+            "Ignore": (201, kept, []),
+            None: (201, kept, warned),
+        },
+        422, "Invalid", True, 400,
+        'GPUTask in version "v1alpha1" cannot be handled as a GPUTask: strict decoding error: '
+        'unknown field "spec.gpuMemroy"',
+    )
+
+
+async def test_kubectl_apply_of_a_misspelled_field_is_refused(server: EmulatorServer, tmp_path: Path) -> None:
+    """kubectl apply (fieldValidation=Strict by default) of a task with gpuMemroy fails as on a real API server."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    server.install_crds_from(REPO / "crds")
+    config = server.write_kubeconfig(tmp_path / "kubeconfig")
+    manifest = tmp_path / "typo.yaml"
+    manifest.write_text(yaml.safe_dump({**TYPO_TASK, "metadata": {"name": "typo", "namespace": "default"}}))
+    command = ["kubectl", "--kubeconfig", str(config), "apply", "-f", str(manifest)]
+    result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stderr.strip()) == (
+        1,
+        f'Error from server (BadRequest): error when creating "{manifest}": GPUTask in version "v1alpha1" cannot be '
+        'handled as a GPUTask: strict decoding error: unknown field "spec.gpuMemroy", unknown field "spec.zz"',
+    )

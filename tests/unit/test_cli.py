@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -30,3 +32,31 @@ def test_top_level_help_lists_commands_for_users() -> None:
     for command in ("run", "agent", "get", "explain", "top", "demo", "scenario", "simulate"):
         assert f"│ {command} " in result.output, command
     assert "lazily" not in result.output and "matplotlib" not in result.output  # no developer notes
+
+
+def test_cluster_text_with_brackets_prints_verbatim_in_tables_and_explain() -> None:
+    """Names and messages from the cluster are never read as rich markup: a regex keeps its brackets."""
+    from rich.console import Console
+
+    from gputask.core.diagnose import Diagnosis
+    from gputask.live import render_diagnosis, render_table
+
+    regex = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    console = Console(width=200, color_system=None, record=True)
+    render_table(console, [{"name": "t", "reason": f"InvalidSpec [bold]{regex}"}], ["name", "reason"])
+    status = {"phase": "Failed", "conditions": [{"type": "Admitted", "reason": "InvalidSpec",
+                                                 "message": f"must match {regex}"}], "message": f"must match {regex}"}
+    render_diagnosis(console, Diagnosis(key="default/t", state="unknown"), status)
+    assert console.export_text().splitlines() == [
+        "NAME  REASON",
+        f"t     InvalidSpec [bold]{regex}",
+        f"default/t: Failed (InvalidSpec: must match {regex})",
+        "The operator's view has no such task waiting or running (it finished, or failed for good).",
+    ]
+
+
+def test_scenario_run_takes_dash_o_like_the_other_commands() -> None:
+    """``scenario run FILE -o json`` prints the same JSON as ``--output json``."""
+    path = str(Path(__file__).parents[2] / "examples" / "scenarios" / "seed-fragment-reuse.yaml")
+    short, long = (CliRunner().invoke(app, ["scenario", "run", path, flag, "json"]) for flag in ("-o", "--output"))
+    assert (short.exit_code, json.loads(short.stdout)) == (0, json.loads(long.stdout))

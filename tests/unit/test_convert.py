@@ -113,6 +113,10 @@ def test_gpus_outside_1_to_16_or_not_an_integer_is_invalid(gpus: Any, message: s
         ({"gpuMemory": "-1Gi"}, "spec.gpuMemory: '-1Gi' must be positive"),
         ({"gpuMemory": "0"}, "spec.gpuMemory: '0' must be positive"),
         ({"gpuMemory": "1Ei"}, "spec.gpuMemory: '1Ei' is more than any GPU has (limit 1Ti)"),
+        ({"gpuMemory": 4096}, "spec.gpuMemory: 4096 is less than 1Mi (a bare number is bytes): likely a unit mistake, "
+                              "write e.g. '4096Mi'"),
+        ({"gpuMemory": "512Ki"}, "spec.gpuMemory: '512Ki' is less than 1Mi (a bare number is bytes): likely a unit "
+                                 "mistake, write e.g. '4096Mi' or '4Gi'"),
         ({"gpuMemory": "abc"}, "spec.gpuMemory: 'abc': " + QUANTITY_RULE),
         (
             {"gpuMemory": "8Gi", "gpuFraction": "0.5"},
@@ -295,7 +299,8 @@ def test_a_gpunode_status_becomes_the_exact_node_with_gpus_in_index_order() -> N
 
 
 def test_a_malformed_gpu_entry_is_rejected_alone() -> None:
-    """Each bad GPU entry is dropped with its own error line; the node keeps its good GPUs."""
+    """Each bad GPU entry is dropped with its own error line (1Ei: above the 1Ti a task may ask); the node keeps
+    its good GPUs."""
     good = {"index": 0, "uuid": "GPU-a", "product": "NVIDIA-A10", "memory": "24Gi"}
     status = {
         "gpus": [
@@ -308,6 +313,7 @@ def test_a_malformed_gpu_entry_is_rejected_alone() -> None:
             {"index": 4, "uuid": "GPU-e", "memory": "24Gi", "memoryUsed": "-1Gi"},
             {**good, "uuid": "GPU-dup"},
             {"index": 5, "uuid": "GPU-f", "memory": "16Gi"},
+            {"index": 6, "uuid": "GPU-g", "memory": "1Ei"},
         ]
     }
     assert node_from_gpunode("n", status) == (
@@ -320,6 +326,7 @@ def test_a_malformed_gpu_entry_is_rejected_alone() -> None:
             "status.gpus[5]: healthy must be a boolean, got 'yes'",
             "status.gpus[6]: memoryUsed must not be negative, got '-1Gi'",
             "status.gpus[7]: duplicate index 0",
+            "status.gpus[9]: memory '1Ei' is more than any GPU has (limit 1Ti)",
         ],
     )
 

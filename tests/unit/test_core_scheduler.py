@@ -549,3 +549,21 @@ def test_an_unchanged_cycle_is_skipped_and_new_tasks_behind_a_full_node_are_trie
         ("ns/late", 201),
         101,  # early, w0-w98 (the first 100 of the queue), late
     )
+
+
+def test_a_task_its_queue_never_admits_takes_no_place_and_is_no_pending_work_even_when_held() -> None:
+    """NamespaceNotAllowed tasks get no queue position and are not counted pending; stopping the queue (Hold)
+    does not hide that cause behind QueueHeld."""
+    ml = LabelSelector(match_labels=(("team", "ml"),))
+    outsider = task("outsider", queue="ml-only", namespace_labels=(("team", "web"),))
+    member = task("member", queue="ml-only", count=2, created=1.0, namespace_labels=(("team", "ml"),))
+    s = scheduler([node("a", 24)], [queue("ml-only", selector=ml)], [outsider, member])
+    open_cycle = [(d.task.key, d.reason, d.position) for d in s.cycle(0.0) if isinstance(d, Pending)]
+    pending_open = s.queue_status()["ml-only"]["pending"]
+    s.set_queue(queue("ml-only", selector=ml, stop_policy="Hold"))
+    held_cycle = [(d.task.key, d.reason, d.position) for d in s.cycle(1.0) if isinstance(d, Pending)]
+    assert (open_cycle, pending_open, held_cycle) == (
+        [("ns/outsider", "NamespaceNotAllowed", -1), ("ns/member", "Inadmissible", 0)],
+        1,
+        [("ns/member", "QueueHeld", 0)],
+    )

@@ -159,3 +159,11 @@ def test_position_changes_are_reported_for_the_tracked_heads_only() -> None:
     assert first == [("ns/w0", 0), ("ns/w1", 1), ("ns/w2", 2), ("ns/w3", 3)]  # new reasons: all reported
     s.finish(TaskKey("ns/w0"))  # w0 gone (deleted): everyone moves up one
     assert [(d.task.key, d.position) for d in s.cycle(3.0)] == [("ns/w1", 0), ("ns/w2", 1)]
+
+
+def test_a_one_gpu_task_needs_at_most_one_gpu_of_quota() -> None:
+    """A 1-GPU task asking more memory than the largest GPU has needs at most 1000 milli-GPU, never more."""
+    s = make(node("n1", 24))
+    s.submit(task("huge", memory_gib=40))
+    lines = diagnose(s, TaskKey("ns/huge")).flavors[0].quota
+    assert [(line.resource, line.needs, line.unit) for line in lines] == [("nvidia.com/gpu", 1000, "milli-GPU")]

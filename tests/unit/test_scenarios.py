@@ -19,17 +19,14 @@ from gputask.config import Config
 from gputask.core import POLICIES
 from gputask.sim.scenario import ScenarioError, cli_run, run_scenario
 
-SHARED = Path(__file__).parents[2].parent / "shared" / "scenarios"
+SEEDS = Path(__file__).parents[2] / "examples" / "scenarios"
 
 QUANTITY_RULE = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 
 
 def seed(name: str) -> dict[str, Any]:
-    """The shared seed scenario ``name``, or a skip when ../shared is not there."""
-    path = SHARED / f"{name}.yaml"
-    if not path.exists():
-        pytest.skip(f"{path} not present (the shared seed scenarios live outside the repository)")
-    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
+    """The seed scenario ``name`` shipped in examples/scenarios/."""
+    loaded: dict[str, Any] = yaml.safe_load((SEEDS / f"{name}.yaml").read_text())
     return loaded
 
 
@@ -456,6 +453,10 @@ def test_grace_period_comes_from_config() -> None:
             "nodes[0].gpus[0].memory: 'lots': " + QUANTITY_RULE,
         ),
         (
+            {"nodes": [node("node-a", "1Ei")]},
+            "nodes[0].gpus[0].memory: '1Ei' is more than any GPU has (limit 1Ti)",
+        ),
+        (
             {"nodes": [node("node-a", "24")]},
             "nodes[0].gpus[0].memory: '24' is less than 1Mi (a bare number is bytes; write e.g. 24Gi)",
         ),
@@ -872,3 +873,15 @@ def test_mig_devices_larger_than_their_gpu_are_refused() -> None:
     with pytest.raises(ScenarioError) as info:
         run_scenario(scenario([{"name": "node-a", "gpus": [gpu]}], [], until=60))
     assert str(info.value) == "nodes[0].gpus[0].mig: its MIG devices have 163840 MiB, more than the GPU's 10240 MiB"
+
+
+def test_unknown_fields_in_specs_are_refused_by_name() -> None:
+    """A misspelled task field (gpuMemroy) or queue field is refused, naming each, instead of running a whole GPU."""
+    doc = scenario([node("node-a", "24Gi")], [submit("t", gpus=1, gpuMemroy="4Gi")],
+                   queue_spec={"resources": [{"name": "gputask.io/gpu-memory", "nominalQuota": "24Gi", "borow": 1}]})
+    with pytest.raises(ScenarioError) as refused:
+        run_scenario(doc)
+    assert str(refused.value) == (
+        "events[0].submit.spec.gpuMemroy: unknown field (not in the GPUTask CRD)\n"
+        "queues[0].spec.resources[0].borow: unknown field (not in the GPUClusterQueue CRD)"
+    )

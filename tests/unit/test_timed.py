@@ -97,3 +97,15 @@ def test_cli_refuses_bad_knobs_before_replaying(
     code = cli_timed(trace(tmp_path), **{**args, **knobs})  # type: ignore[arg-type]
     out, err = capsys.readouterr()
     assert (code, out, err.startswith(f"gputask simulate: {message}"), err.count("\n")) == (2, "", True, 1)
+
+
+def test_the_table_keeps_every_column_in_a_pipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Into a pipe (not a terminal) the table is not cut to 80 columns: every header is whole on one line."""
+    root = trace(tmp_path)
+    (root / "openb_pod_list_default.csv").write_text((root / "pods.csv").read_text())
+    code = cli_timed(root, pods_file="openb_pod_list_default.csv", policy="bestfit", speedup=1.0, load=1,
+                     output="table", quiet=True)
+    header = next(line for line in capsys.readouterr().out.splitlines() if "mode" in line)
+    assert (code, header.split()) == (0, ["┃", "mode", "┃", "meanQueueDelayS", "┃", "p95QueueDelayS", "┃", "makespanS",
+                                          "┃", "gpuUtilizationPct", "┃", "admitted", "┃", "unadmitted", "┃",
+                                          "preemptions", "┃"])

@@ -142,11 +142,10 @@ def diagnose(scheduler: Scheduler, key: TaskKey) -> Diagnosis:
     task = scheduler.pending.get(key)
     if task is None:
         return Diagnosis(key, "unknown")
-    same = [t.key for t in scheduler.pending if t.queue == task.queue]
-    position = same.index(key)
+    same = [t.key for t in scheduler.pending if t.queue == task.queue and not scheduler.never_admits(t)]
     base = Diagnosis(
         key, "pending", task.queue, task.local_queue, task.priority,
-        position=position, waiting_in_queue=len(same),
+        position=same.index(key) if key in same else None, waiting_in_queue=len(same),
     )
     gate = scheduler.gate(task)
     if gate is not None:

@@ -96,7 +96,7 @@ def namespace_refusal(task: Task, spec: QueueSpec) -> Wait | None:
 def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
     """The least a task can charge: exact MiB for memory requests, whole GPUs when exclusive.
 
-    For a memory request the GPU share is at least its MiB over the largest GPU's MiB
+    For a memory request the GPU share is at least its MiB over the largest GPU's MiB, at most one GPU
     (``largest_gpu_mib``, 0 when unknown: then 1 milli-GPU per GPU); in a flavor with a charging card size
     (``task.card_mib``) it is its MiB over that size, and a fraction's charge depends on the card, so 1.
     """
@@ -107,8 +107,8 @@ def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
         milli = min(MILLI_PER_GPU, -(-req.memory_mib * MILLI_PER_GPU // task.card_mib)) if req.memory_mib else 1
     elif req.fraction_milli is not None:
         milli = req.fraction_milli
-    elif req.memory_mib is not None and largest_gpu_mib > 0:
-        milli = -(-req.memory_mib * MILLI_PER_GPU // largest_gpu_mib)
+    elif req.memory_mib is not None and largest_gpu_mib > 0:  # a GPU's share is never more than the GPU
+        milli = min(MILLI_PER_GPU, -(-req.memory_mib * MILLI_PER_GPU // largest_gpu_mib))
     else:
         milli = 1
     memory = req.count * req.memory_mib if req.memory_mib is not None else 0
@@ -274,6 +274,8 @@ def could_ever_fit(state: NodeState, task: Task) -> bool:
 def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:
     """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
     pending = scheduler.pending.count_by_queue()
+    for queue, parked in scheduler.parked_by_queue().items():  # never admitted there: not its pending work
+        pending[queue] -= parked
     admitted: dict[str, int] = {}
     for (queue, _, _, _), tally in scheduler.ledger.tallies.items():  # O(groups), not O(tasks)
         if tally.running:

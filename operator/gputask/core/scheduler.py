@@ -46,6 +46,7 @@ from gputask.core.preemption import (
 from gputask.core.queues import OrderKey, QueueManager, order_key
 from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 from gputask.core.reasons import (
+    NAMESPACE_NOT_ALLOWED,
     PREEMPTING,
     QUEUE_HELD,
     QUEUE_INACTIVE,
@@ -521,19 +522,21 @@ class Scheduler:
         for task in self._ordered():
             if task.key not in self.pending:
                 continue
-            position = positions.get(task.queue, 0)  # still-pending tasks ahead in its queue
+            position = positions.get(task.queue, 0)  # still-pending tasks ahead in its queue that it may admit
             tried += 1
             for decision in self._try(task, memo, now):
                 if not isinstance(decision, Pending):
                     decisions.append(decision)
                     continue
+                if decision.reason == NAMESPACE_NOT_ALLOWED:  # never admitted here: no place in the queue
+                    position = -1
                 self._note_filters(task.key, decision)
                 last = self.reasons.get(task.key)
                 moved = last is not None and last[2] != position and position < self.tracked_positions
                 if last is None or last[:2] != (decision.reason, decision.message) or moved:
                     self._say(task, decision.reason, decision.message, position)
                     decisions.append(replace(decision, position=position))
-            if task.key in self.pending:
+            if task.key in self.pending and position >= 0:
                 positions[task.queue] = position + 1
         self.stats = CycleStats("full", tried, self.stats.skipped)
         return decisions
@@ -602,6 +605,10 @@ class Scheduler:
             return None
         finally:
             self._probing = False
+        parked = {(t.queue, str(NAMESPACE_NOT_ALLOWED)) for t in new} & set(self.waiting_by_reason)
+        if parked or any(
+                isinstance(d, Pending) and d.reason == NAMESPACE_NOT_ALLOWED for tried in waits for d in tried):
+            return None  # a rank would count tasks the queue never admits: the walk leaves them out
         out: list[Pending] = []
         for task, tried in zip(new, waits, strict=True):
             decision = tried[0]
@@ -941,6 +948,12 @@ class Scheduler:
         if spec is None:
             of = f" (of GPULocalQueue {task.namespace}/{task.local_queue})" if task.local_queue else ""
             return Pending(task, QUEUE_NOT_FOUND, f"GPUClusterQueue {task.queue!r}{of} does not exist")
+        where = (task.queue, task.namespace_labels)  # a permanent refusal first: stopping the queue hides none
+        if where not in memo.namespaces:
+            memo.namespaces[where] = namespace_refusal(task, spec)
+        refusal = memo.namespaces[where]
+        if refusal is not None:
+            return Pending(task, refusal.reason, refusal.message)
         if spec.stop_policy != "None":
             return Pending(task, QUEUE_HELD, f"GPUClusterQueue {task.queue!r} is stopped ({spec.stop_policy})")
         missing = [n for n in spec.flavors if n not in self.flavors]
@@ -950,12 +963,6 @@ class Scheduler:
         uncovered = spec.uncovered()
         if uncovered is not None:
             return Pending(task, Reason.INADMISSIBLE, uncovered)
-        where = (task.queue, task.namespace_labels)
-        if where not in memo.namespaces:
-            memo.namespaces[where] = namespace_refusal(task, spec)
-        refusal = memo.namespaces[where]
-        if refusal is not None:
-            return Pending(task, refusal.reason, refusal.message)
         if task.queue in memo.blocked_queues:
             return Pending(task, WAITING_FOR_HEAD, f"StrictFIFO: waiting behind the head of {task.queue!r}")
         return None
@@ -1038,6 +1045,27 @@ class Scheduler:
         return min_usage(task, self.health.largest_gpu_mib)
 
     # -- reports ------------------------------------------------------------------------------
+    def never_admits(self, task: Task) -> bool:
+        """True when ``task``'s GPUClusterQueue exists and never admits it (its namespaceSelector does not select
+        the task's namespace): such a task has no queue position and is not counted in the queue's pending work."""
+        spec = self.quotas.specs.get(task.queue)
+        return spec is not None and namespace_refusal(task, spec) is not None
+
+    def parked_by_queue(self) -> dict[str, int]:
+        """Per queue, its pending tasks it never admits (:meth:`never_admits`); only queues whose
+        namespaceSelector is not the empty one (which selects every namespace) are looked through."""
+        out: dict[str, int] = {}
+        for name, spec in self.quotas.specs.items():
+            if spec.namespace_selector is not None and not (
+                    spec.namespace_selector.match_labels or spec.namespace_selector.match_expressions):
+                continue
+            verdicts: dict[object, bool] = {}
+            for task in self.pending.in_queue(name, 0, len(self.pending.queue_orders().get(name, []))):
+                if task.namespace_labels not in verdicts:
+                    verdicts[task.namespace_labels] = namespace_refusal(task, spec) is not None
+                out[name] = out.get(name, 0) + verdicts[task.namespace_labels]
+        return out
+
     def gate(self, task: Task) -> Wait | None:
         """The queue-level reason ``task`` would wait for before any node is looked at (its queue missing,
         inactive or stopped, its namespace not selected), else None. Changes nothing."""

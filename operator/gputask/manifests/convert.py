@@ -150,12 +150,22 @@ def _gpu_shape(spec: Mapping[str, Any]) -> GpuRequest:
             mib = to_mib(memory, field="spec.gpuMemory")
         except ValueError as exc:
             raise _bad(str(exc)) from None
+        if quantity(memory, field="spec.gpuMemory") < MIB:
+            raise _bad(_below_one_mib(memory))
         if mib > MAX_GPU_MEMORY_MIB:
             raise _bad(f"spec.gpuMemory: {memory!r} is more than any GPU has (limit 1Ti)")
         return GpuRequest(count, memory_mib=mib, products=request.products)
     if fraction is not None:
         return GpuRequest(count, fraction_milli=_fraction_milli(fraction), products=request.products)
     return request
+
+
+def _below_one_mib(memory: Any) -> str:
+    """Why GPU memory under 1Mi is refused: a bare number is bytes (``4096`` is 4 KiB), almost surely meant as MiB."""
+    shown = str(memory).strip()
+    hint = f"'{shown}Mi'" if shown.isdigit() else "'4096Mi' or '4Gi'"
+    return (f"spec.gpuMemory: {memory!r} is less than 1Mi (a bare number is bytes): likely a unit mistake, "
+            f"write e.g. {hint}")
 
 
 def _fraction_milli(value: Any) -> int:
@@ -504,6 +514,8 @@ def _gpu(raw: Any) -> Gpu:
     if not isinstance(uuid, str) or not DEVICE_UUID.match(uuid):
         raise ValueError(f"uuid must be a GPU-... or MIG-... UUID (letters, digits and '-'), got {uuid!r}")
     memory = to_mib(raw["memory"], field="memory")
+    if memory > MAX_GPU_MEMORY_MIB:  # the bound a task's gpuMemory has: no task could use the rest anyway
+        raise ValueError(f"memory {raw['memory']!r} is more than any GPU has (limit 1Ti)")
     used_raw = raw.get("memoryUsed")
     used = quantity(used_raw, field="memoryUsed") if used_raw is not None else Decimal(0)
     if used < 0:

@@ -342,5 +342,7 @@ def _print(summaries: list[dict[str, Any]], seeds: Sequence[int], output: str) -
     from rich.console import Console
 
     console = Console()
+    if not console.is_terminal:  # a pipe or a file: do not cut the columns at 80
+        console = Console(width=200)
     for summary in summaries:
         console.print(render_table(summary, seeds))

@@ -2,9 +2,11 @@
 
 :func:`load_scenario` turns a YAML file or a dict into a validated :class:`Scenario`, or
 raises :class:`ScenarioError` with one line per problem, each naming where it is
-(``events[3].at: ...``). Only the *shape* of a submitted GPUTask's ``spec`` is left to the
-run: it goes through the operator's own conversion (``manifests.convert.task_from_manifest``), so
-an invalid spec is a task Rejected at run time, exactly as the operator would treat it.
+(``events[3].at: ...``). Fields the CRDs do not declare in task, queue and flavor specs
+are refused as ``kubectl apply`` refuses them (:func:`check_unknown_fields`). The rest of a
+submitted GPUTask's ``spec`` is left to the run: it goes through the operator's own
+conversion (``manifests.convert.task_from_manifest``), so an invalid spec is a task Rejected
+at run time, exactly as the operator would treat it.
 
 Besides the shape, :func:`check_references` walks the events in run order and refuses
 what no API server would accept: deleting a task that does not exist, submitting a name
@@ -13,6 +15,7 @@ that is still there, or naming a node (or GPU index) that does not exist (any mo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import math
@@ -38,7 +41,15 @@ from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
 from gputask.core.fit import Taint
 from gputask.core.flavors import Flavor
 from gputask.core.model import MIG_PRODUCT_MARK, mig_device_index, mig_parent_index
-from gputask.manifests.convert import MIB, flavor_from_manifest, quantity, queue_from_manifest, to_mib
+from gputask.manifests.convert import (
+    MAX_GPU_MEMORY_MIB,
+    MIB,
+    flavor_from_manifest,
+    quantity,
+    queue_from_manifest,
+    to_mib,
+)
+from gputask.manifests.unknown_fields import crd_schema, prune
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 EVENT_KINDS = (
@@ -347,6 +358,7 @@ def load_scenario(source: Path | Mapping[str, Any] | Scenario) -> Scenario:
         scenario = Scenario.model_validate(raw)
     except ValidationError as exc:
         raise ScenarioError("\n".join(_error_line(e) for e in exc.errors())) from None
+    check_unknown_fields(scenario)
     check_references(scenario)
     core_nodes(scenario)  # quantities and queue specs: refuse them now, not mid-run
     core_queues(scenario)
@@ -373,6 +385,25 @@ def _location(loc: Iterable[Any]) -> str:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list"}
+
+
+def check_unknown_fields(scenario: Scenario) -> None:
+    """Refuse fields the CRDs do not declare in task, queue and flavor specs, as kubectl apply does (a
+    misspelled ``gpuMemroy`` would otherwise run the task as a whole GPU); raises ScenarioError naming each
+    (``events[0].submit.spec.gpuMemroy: unknown field (not in the GPUTask CRD)``)."""
+    specs: list[tuple[str, str, Any]] = [
+        (f"events[{i}].submit.spec", "GPUTask", event.submit.spec)
+        for i, event in enumerate(scenario.events) if event.submit is not None
+    ]
+    specs += [(f"queues[{i}].spec", "GPUClusterQueue", q.spec) for i, q in enumerate(scenario.queues)]
+    flavors = scenario.resource_flavors
+    specs += [(f"resourceFlavors[{i}].spec", "GPUResourceFlavor", f.spec) for i, f in enumerate(flavors)]
+    problems = []
+    for where, kind, spec in specs:
+        unknown = prune({"spec": copy.deepcopy(spec)}, crd_schema(kind)) if isinstance(spec, Mapping) else []
+        problems += [f"{where}{path.removeprefix('spec')}: unknown field (not in the {kind} CRD)" for path in unknown]
+    if problems:
+        raise ScenarioError("\n".join(problems))
 
 
 def check_references(scenario: Scenario) -> None:
@@ -463,11 +494,14 @@ def core_nodes(scenario: Scenario) -> list[Node]:
 
 
 def _device_mib(value: Any, field: str) -> int:
-    """MiB of a device's ``memory`` quantity; ScenarioError below 1Mi or malformed."""
+    """MiB of a device's ``memory`` quantity; ScenarioError below 1Mi, above 1Ti (the operator's bound) or
+    malformed."""
     try:
         memory = to_mib(value, field=field)
         if quantity(value, field=field) < MIB:
             raise ValueError(f"{field}: {value!r} is less than 1Mi (a bare number is bytes; write e.g. 24Gi)")
+        if memory > MAX_GPU_MEMORY_MIB:
+            raise ValueError(f"{field}: {value!r} is more than any GPU has (limit 1Ti)")
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
     return memory

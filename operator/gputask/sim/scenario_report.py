@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gputask.core.flavors import split_key
@@ -31,7 +32,7 @@ def print_table(result: dict[str, Any], console: Console | None = None) -> None:
     if result["violations"]:
         console.print("[bold red]violations:[/]")
         for line in result["violations"]:
-            console.print(f"  [red]{line}[/]")
+            console.print(f"  [red]{escape(line)}[/]")
     else:
         console.print("[green]no violations[/]")
 
@@ -45,7 +46,7 @@ def _tasks_table(tasks: list[dict[str, Any]]) -> Table:
     table.add_column("last reason")
     for t in tasks:
         table.add_row(
-            f"{t['namespace']}/{t['name']}",
+            escape(f"{t['namespace']}/{t['name']}"),
             t["phase"],
             _text(t["node"]),
             ",".join(str(i) for i in t["gpus"]) or "-",
@@ -78,4 +79,4 @@ def _queues_table(queues: dict[str, dict[str, Any]]) -> Table:
 
 
 def _text(value: object) -> str:
-    return "-" if value is None else str(value)
+    return "-" if value is None else escape(str(value))  # reasons and names from the file are never markup

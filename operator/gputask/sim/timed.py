@@ -317,5 +317,8 @@ def cli_timed(
         table.add_column(column, justify="right")
     for mode, figures in results.items():
         table.add_row(mode, *(str(figures[c]) for c in columns))
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: do not cut the columns at 80
+        console = Console(width=200)
+    console.print(table)
     return 0

@@ -122,3 +122,32 @@ def api_resource_list(served: Served, group: str, version: str) -> dict[str, Any
         return None
     return {"kind": "APIResourceList", "apiVersion": "v1",
             "groupVersion": f"{group}/{version}" if group else version, "resources": entries}
+
+
+FIELD_VALIDATION = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+
+
+def _gv_path(group: str, version: str) -> str:
+    return f"apis/{group}/{version}" if group else f"api/{version}"
+
+
+def openapi_v3_root(served: Served) -> dict[str, Any]:
+    """The ``/openapi/v3`` discovery document: one entry per served group-version. kubectl reads it to learn
+    whether the server validates fields (``fieldValidation``) before it sends a write with ``Strict``."""
+    paths = {_gv_path(str(r.group or ""), str(r.version)) for r, _ in served}
+    return {"paths": {p: {"serverRelativeURL": f"/openapi/v3/{p}"} for p in sorted(paths)}}
+
+
+def openapi_v3_group_version(served: Served, path: str) -> dict[str, Any] | None:
+    """``/openapi/v3/<group-version>``: for each kind, the PATCH operation with its group-version-kind and the
+    ``fieldValidation`` parameter (all kubectl's field-validation check looks for); no schemas. None if unknown."""
+    paths: dict[str, Any] = {}
+    for res, info in served:
+        if _gv_path(str(res.group or ""), str(res.version)) != path:
+            continue
+        scope = "namespaces/{namespace}/" if info.namespaced else ""
+        gvk = {"group": res.group or "", "version": res.version, "kind": info.kind}
+        patch = {"x-kubernetes-group-version-kind": gvk, "parameters": [FIELD_VALIDATION]}
+        paths[f"/{path}/{scope}{res.plural}/{{name}}"] = {"patch": patch}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "unversioned"}, "paths": paths} \
+        if paths else None

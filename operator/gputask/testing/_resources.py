@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,7 @@ class CRDVersion:
     res: resource
     info: ResourceInfo
     selectable_fields: tuple[str, ...]
+    schema: Mapping[str, Any] | None = None  # openAPIV3Schema: fields outside it are pruned
 
 
 def crd_versions(crd: dict[str, Any]) -> list[CRDVersion]:
@@ -134,7 +136,8 @@ def crd_versions(crd: dict[str, Any]) -> list[CRDVersion]:
             subresources={"status"} if "status" in subresources else set(),
         )
         fields = tuple(f["jsonPath"].lstrip(".") for f in version.get("selectableFields") or [])
-        result.append(CRDVersion(resource(group, version["name"], plural), info, fields))
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        result.append(CRDVersion(resource(group, version["name"], plural), info, fields, schema))
     return result
 
 

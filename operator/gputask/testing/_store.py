@@ -166,6 +166,7 @@ class Store:
     log_floor: int = 0  # events up to this resourceVersion were dropped from the log
     watches: set[Watch] = field(default_factory=set)
     selectable: dict[resource, tuple[str, ...]] = field(default_factory=dict)  # CRD selectableFields
+    schemas: dict[resource, Mapping[str, Any]] = field(default_factory=dict)  # CRD openAPIV3Schema per version
     _orphaning: set[str] = field(default_factory=set)  # uids being deleted with Orphan
     _crd_served: dict[str, list[resource]] = field(default_factory=dict)
     _deleted: collections.deque[Key] = field(default_factory=collections.deque)  # oldest first
@@ -456,9 +457,12 @@ class Store:
         for res in self._crd_served.pop(name, []):
             if res not in [v.res for v in versions]:
                 del self.resources[res]
+                self.schemas.pop(res, None)
         for version in versions:
             self.resources[version.res] = version.info
             self.selectable[version.res] = version.selectable_fields
+            if version.schema is not None:
+                self.schemas[version.res] = version.schema
         self._crd_served[name] = [v.res for v in versions]
         conditions = (crd.get("status") or {}).get("conditions") or [{}]
         crd["status"] = crd_status(crd, conditions[0].get("lastTransitionTime") or now())
@@ -469,6 +473,7 @@ class Store:
                 self._remove(res, key, copy.deepcopy(obj), obj)
             del self.resources[res]
             self.selectable.pop(res, None)
+            self.schemas.pop(res, None)
             for watch in self.watches:
                 if watch.res == res:
                     watch.queue.put_nowait(None)

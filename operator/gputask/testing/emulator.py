@@ -5,8 +5,8 @@ no conflicts, no status isolation, no garbage collection). :class:`GpuTaskEmulat
 object store (``emulator.objects[...]``), resource registry (``emulator.resources``), discovery
 scaffolding and reaction DSL (``emulator['patch', ...] << 500`` still overrides any answer), and
 replaces the CRUD handlers with ones that behave like kube-apiserver (see ``_store.py``).
-DESIGN.md section 5 lists what it still does not do (no schema validation or defaulting, no
-controllers, no RBAC).
+DESIGN.md section 5 lists what it still does not do (no schema validation beyond unknown fields, no
+defaulting, no controllers, no RBAC).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from kmock import (
     resource,
 )
 
-from gputask.testing import _http, _patches
+from gputask.testing import _fields, _http, _patches
 from gputask.testing._kmock import Response, StreamingError
 from gputask.testing._resources import builtin_infos, dra_builtins, group_version
 from gputask.testing._selectors import SelectorError, make_matcher, parse_field_selector, parse_label_selector
@@ -103,7 +103,8 @@ class GpuTaskEmulator(KubernetesEmulator):
     merge, strategic-merge (as merge), apply (as merge) and JSON patches; generateName; label and
     field selectors on list and watch; an isolated ``/status`` subresource; finalizers and
     ownerReference garbage collection (background, or ``Orphan``); typed list responses; CRD
-    installation into discovery; watches resumable from a resourceVersion.
+    installation into discovery; watches resumable from a resourceVersion; fields a CRD's schema does
+    not declare pruned and, by ``fieldValidation``, refused or warned of (:mod:`gputask.testing._fields`).
     Unchanged writes are no-ops, as in the API server: no new resourceVersion, no watch event.
     """
 
@@ -111,6 +112,7 @@ class GpuTaskEmulator(KubernetesEmulator):
     answers: collections.deque[Answer] = attrs.field(init=False, factory=lambda: collections.deque(maxlen=ANSWERS))
     injected: list[Injection] = attrs.field(init=False, factory=list)
     _in_flight: dict[int, float] = attrs.field(init=False, factory=dict)  # requests being served: id -> since (s)
+    _warnings: dict[int, list[str]] = attrs.field(init=False, factory=dict)  # Warning headers by request id
     _crud: dict[action, Any] = attrs.field(init=False, factory=dict)  # the emulator's own reactions, by action
     _put: Any = attrs.field(init=False, default=None)
     _own_reactions: int = attrs.field(init=False, default=0)
@@ -211,12 +213,16 @@ class GpuTaskEmulator(KubernetesEmulator):
             self._in_flight[id(request)] = time.monotonic()
             self._trim_records()
             try:
-                return await self._handle(request)
+                response = await self._handle(request)
+                for warning in self._warnings.pop(id(request), ()):
+                    response.headers.add("Warning", warning)
+                return response
             except StreamingError as e:  # the response had started streaming
                 raw_response = e.args[0]
                 raise e.__cause__ or e from None
             finally:
                 self._in_flight.pop(id(request), None)
+                self._warnings.pop(id(request), None)
         except Exception as e:
             if not isinstance(e, KubernetesError) and self._errors:
                 self._errors[-1].append(e)  # only real failures count for kmock's strict mode
@@ -227,6 +233,8 @@ class GpuTaskEmulator(KubernetesEmulator):
             return raw_response
 
     async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
+        if request.method == method.GET and request.url.path.startswith("/openapi/v3"):
+            return self._serve_openapi(request.url.path.removeprefix("/openapi/v3").strip("/"))
         # Bypass KubernetesEmulator._handle, which stores objects naively before dispatching. While no test added
         # reactions, a request for a served resource goes straight to its handler: kmock's dispatch tries every
         # reaction's filters on every recorded request first (45% of the emulator's CPU in a 2,000-task burst).
@@ -283,6 +291,12 @@ class GpuTaskEmulator(KubernetesEmulator):
         if not found:
             raise no_resource()
         return found
+
+    def _serve_openapi(self, path: str) -> aiohttp.web.StreamResponse:
+        found = _http.openapi_v3_group_version(self._served(), path) if path else _http.openapi_v3_root(self._served())
+        if found is None:
+            return _http.error_response(no_resource())
+        return aiohttp.web.json_response(found)
 
     # -- request handlers ---------------------------------------------------------------------
 
@@ -472,12 +486,31 @@ class GpuTaskEmulator(KubernetesEmulator):
             raise not_found(res, key[2])
         return Response(status=200, payload=obj)
 
+    def _unknown_fields(self, request: Request, res: resource, obj: Obj) -> list[str]:
+        """Prune ``obj``'s fields its CRD's schema does not declare; under Warn, queue a Warning header for
+        each; return them (the caller refuses them under Strict). See :mod:`gputask.testing._fields`."""
+        schema = self.store.schemas.get(res)
+        if schema is None:
+            return []
+        mode = _fields.directive(request.params)
+        fields = _fields.prune(obj, schema)
+        if fields and mode == _fields.WARN:
+            self._warnings.setdefault(id(request), []).extend(_fields.warnings(fields))
+        return fields if mode == _fields.STRICT else []
+
+    def _checked_body(self, request: Request, res: resource, info: ResourceInfo) -> Obj:
+        """The body of a create or a PUT, pruned; 400 under Strict when it names unknown fields."""
+        body = self._body(request)
+        if unknown := self._unknown_fields(request, res, body):
+            raise _fields.create_refusal(info.kind, str(res.version), unknown)
+        return body
+
     async def _serve_create(self, request: Request) -> Response:
         res, info = self._resolve(request)
         if info.namespaced and request.namespace is None:
             raise no_resource()
         return Response(
-            status=201, payload=self.store.create(res, info, request.namespace, self._body(request))
+            status=201, payload=self.store.create(res, info, request.namespace, self._checked_body(request, res, info))
         )
 
     async def _serve_update(self, request: Request) -> Response:
@@ -495,6 +528,7 @@ class GpuTaskEmulator(KubernetesEmulator):
         if current is None and content_type == _patches.APPLY and request.subresource is None:
             body = self._body(request)
             body["metadata"]["name"] = key[2]
+            self._check_patched(request, res, info, body, applied=True)
             return Response(status=201, payload=self.store.create(res, info, key[1], body))
         if current is None:
             raise not_found(res, key[2])
@@ -506,14 +540,27 @@ class GpuTaskEmulator(KubernetesEmulator):
             raise invalid(res, key[2], str(e), kind=info.kind) from None
         if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
             raise invalid(res, key[2], "the patched object is not an object with metadata", kind=info.kind)
+        self._check_patched(request, res, info, patched, applied=content_type == _patches.APPLY)
         return Response(
             status=200, payload=self.store.update(res, info, key, current, patched, request.subresource)
         )
 
+    def _check_patched(
+        self, request: Request, res: resource, info: ResourceInfo, patched: Obj, *, applied: bool
+    ) -> None:
+        """Prune a patched object; under Strict refuse unknown fields as the API server refuses that patch."""
+        strict = res in self.store.schemas and _fields.directive(request.params) == _fields.STRICT
+        before = copy.deepcopy(patched) if strict else patched  # the refusal quotes the object as patched
+        if unknown := self._unknown_fields(request, res, patched):
+            name = str(patched["metadata"].get("name"))
+            if applied:
+                raise _fields.apply_refusal(name, f"{res.group}/{res.version}", info.kind, unknown)
+            raise _fields.patch_refusal(before, unknown)
+
     async def _serve_replace(self, request: Request) -> Response:
         res, info = self._resolve(request)
         key = self._key(request, res, info)
-        body = self._body(request)
+        body = self._checked_body(request, res, info)
         name = body.setdefault("metadata", {}).get("name")
         if name not in (None, key[2]):
             raise bad_request(
