@@ -10,7 +10,8 @@ failure evictions and metrics all read it). Entries come in three kinds:
 - **nominated**: a preemptor whose placement is reserved while it waits for its victims
   (``waiting_for``), promoted to running once they are gone;
 - **held**: GPUs of a workload that is on its way out (a terminating Job whose task is gone or
-  requeued): reserved until it is gone, charged to no queue, never preempted.
+  requeued, or the pods of a Job already gone): reserved until it is gone or its node is deleted
+  (:meth:`Ledger.release_holds_on`), charged to no queue, never preempted.
 
 Units: usage in milli-GPU and MiB (:data:`~gputask.core.quota.Usage`), times in seconds.
 """
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState
-from gputask.core.model import GpuRequest, Placement, Task, TaskKey
+from gputask.core.model import GpuRequest, NodeName, Placement, Task, TaskKey
 from gputask.core.quota import QuotaBook, Usage, usage_of
 
 HOLD_PRIORITY = 2**31 - 1
@@ -162,6 +163,14 @@ class Ledger:
         self.held[key] = held
         self.version += 1
         return held
+
+    def release_holds_on(self, node: NodeName) -> list[TaskKey]:
+        """Release every hold on ``node`` (its Node is deleted: what ran there is gone with it); returns their keys,
+        sorted."""
+        keys = sorted(key for key, placement in self.held.items() if placement.node == node)
+        for key in keys:
+            self.release(key)
+        return keys
 
     def _book(self, task: Task, placement: Placement, now: float, *, charge: bool, force: bool) -> Entry:
         self.version += 1
