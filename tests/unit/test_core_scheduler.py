@@ -567,3 +567,14 @@ def test_a_task_its_queue_never_admits_takes_no_place_and_is_no_pending_work_eve
         1,
         [("ns/member", "QueueHeld", 0)],
     )
+
+
+def test_a_deleted_nodes_holds_are_released_with_it_and_the_others_stay() -> None:
+    """Holds of departing workloads on a node whose Node is deleted are released (their pods go with it); a hold on
+    another node stays, and the ledger keeps no hold the cluster no longer reserves."""
+    s = scheduler([node("a", 16), node("b", 16)], [queue()])
+    on_a, on_b = TaskKey("ns/old-1#terminating"), TaskKey("ns/other-1#terminating")
+    s.hold(on_a, placed("a", (0, 16 * GIB)))
+    s.hold(on_b, placed("b", (0, 16 * GIB)))
+    s.remove_node(NodeName("a"))
+    assert (s.ledger.held, sorted(s.cluster.reservations())) == ({on_b: placed("b", (0, 16 * GIB))}, [on_b])
