@@ -154,9 +154,10 @@ async def test_readmission_turns_evicted_and_requeued_false_as_kueue_does(cluste
 
         status = await eventually(succeeded)
         why = "node node-a NotReady for more than 1s"
+        placed = "Admitted by GPUClusterQueue 'default' on node-b GPUs [0] (24576 MiB each)"
         assert {c["type"]: (c["status"], c["reason"], c["message"]) for c in status["conditions"]} == {
             "QuotaReserved": ("True", "QuotaReserved", "quota reserved in 'default'"),
-            "Admitted": ("True", "Admitted", "Admitted by GPUClusterQueue 'default' on node-b GPUs [0] (24576 MiB each)"),
+            "Admitted": ("True", "Admitted", placed),
             "Evicted": ("False", "QuotaReserved", f"Previously: {why}"),
             "Requeued": ("False", "QuotaReserved", "Previously: requeued after NodeFailure"),
             "Finished": ("True", "Succeeded", "Job train-2 completed"),
