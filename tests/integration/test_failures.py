@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
+from rich.console import Console
+
 from gputask.config import Config
-from gputask.k8s.client import GPUCLUSTERQUEUES, GPUTASKS, JOBS, NODES, PODS, PRIORITYCLASSES, NotFound
-from gputask.live import build_view, explain_task, list_all
-from harness import Cluster, eventually, gputask, running_operator
+from gputask.k8s.client import GPUCLUSTERQUEUES, GPUNODES, GPUTASKS, JOBS, NODES, PODS, PRIORITYCLASSES, NotFound
+from gputask.live import build_view, explain_task, list_all, render_diagnosis
+from harness import Cluster, eventually, gputask, job_of, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
 FAST = Config(cycleInterval=0.2, nodeFailureGracePeriod=1)
@@ -182,9 +186,15 @@ async def test_a_restarted_operator_holds_the_gpus_of_pods_whose_job_is_gone(clu
 
         await eventually(waits)
         objects = await list_all(cluster.client)
-        found = explain_task(build_view(objects), "default", "train", await status_of(cluster, "train"))
+        status = await status_of(cluster, "train")
+        found = explain_task(build_view(objects), "default", "train", status)
+        console = Console(file=io.StringIO(), width=200, highlight=False, color_system=None)
+        render_diagnosis(console, found, status)
         assert (found.state, found.node, found.held, await job_names(cluster)) == (
             "admitted", "node-b", ("GPUs on node node-a held until pod train-1-x7k2p is gone",), ["train-2"])
+        assert console.file.getvalue().splitlines()[1:] == [  # type: ignore[attr-defined]
+            "An earlier Job of it is gone, its pods are not: GPUs on node node-a held until pod train-1-x7k2p is "
+            "gone.", "GPUClusterQueue: default (through GPULocalQueue default); priority 0", "Admitted on node node-b."]
         await pod_stopped(cluster, "train-1-x7k2p")
         await eventually(lambda: _has_job(cluster, "other-1"))
         objects = await list_all(cluster.client)
@@ -469,3 +479,42 @@ async def test_a_failed_nodes_gpus_stay_held_until_the_old_pod_is_gone(cluster: 
             [("Normal", "GPUsHeld", held),
              ("Normal", "GPUsReleased", "GPUs on node node-a released: the pods of Job train-1 are gone")],
         )
+
+
+async def test_an_unhealthy_gpus_task_moves_at_once_and_the_gpu_stays_held_while_its_pod_terminates(
+    cluster: Cluster,
+) -> None:
+    """GPUFailure: the task is re-placed on node-a's other GPU at once, while the failed GPU stays held as long as the
+    old pod terminates (deleted, still Running in its grace period); the GPU reported healthy again is given to the
+    next task only once that pod is gone."""
+    await cluster.add_node("node-a", ("GPU-a0", "NVIDIA-A10", "24Gi"), ("GPU-a1", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("train"))
+        job = await eventually(lambda: job_of(cluster, "train-1"))
+        index = json.loads(job["metadata"]["annotations"]["gputask.io/placement"])["indices"][0]
+        await bound_pod(cluster, "train-1", "train-1-x7k2p", "node-a")
+        gpunode = await cluster.client.get(GPUNODES, "node-a")
+        gpus = gpunode["status"]["gpus"]
+        gpus[index] |= {"healthy": False, "reason": "XID 79"}
+        await cluster.client.patch(GPUNODES, "node-a", {"status": {"gpus": gpus}}, status=True)
+        await eventually(lambda: _has_job(cluster, "train-2"))
+
+        async def job_gone_pod_not() -> bool:
+            return not await _has_job(cluster, "train-1") and await pod_lingers(cluster, "train-1-x7k2p")
+
+        await eventually(job_gone_pod_not)
+        gpus[index] |= {"healthy": True, "reason": ""}
+        await cluster.client.patch(GPUNODES, "node-a", {"status": {"gpus": gpus}}, status=True)
+        await cluster.submit(gputask("other"))
+        no_gpu = ("False", "NoFit", "0/1 nodes fit: 1 no idle GPU (position 0 in GPUClusterQueue 'default')")
+
+        async def waits() -> bool:
+            return condition(await status_of(cluster, "other"), "Admitted") == no_gpu
+
+        await eventually(waits)
+        await pod_stopped(cluster, "train-1-x7k2p")
+        await eventually(lambda: _has_job(cluster, "other-1"))
+        placements = [json.loads(j["metadata"]["annotations"]["gputask.io/placement"])["indices"]
+                      for j in await cluster.client.list(JOBS, "default")]
+        assert (await job_names(cluster), sorted(placements)) == (["other-1", "train-2"], [[0], [1]])

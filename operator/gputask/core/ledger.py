@@ -140,9 +140,10 @@ class Ledger:
     def hold(self, key: TaskKey, placement: Placement, *, fit: bool = False) -> Placement | None:
         """Keep a departing workload's GPUs reserved (no queue, no quota) until :meth:`release`.
 
-        With ``fit`` each GPU holds only what is free on it now, at most the slot's MiB (the part a
-        nominated preemptor took is its own); without it the whole placement is recorded even if it
-        over-commits (found at a restart). Returns what is held, None when nothing is.
+        With ``fit`` each GPU holds only what is free on it now, healthy or not, at most the slot's MiB (the
+        part a nominated preemptor took is its own; a failed GPU's old pods still run on it); without it the
+        whole placement is recorded even if it over-commits (found at a restart). Returns what is held, None
+        when nothing is.
         """
         if key in self.held or not self.cluster.has_node(placement.node):
             return None
@@ -150,7 +151,7 @@ class Ledger:
         if fit:
             state = self.cluster.node(placement.node)
             clipped = (
-                replace(slot, memory_mib=min(slot.memory_mib, state.free_mib(state.position[slot.index])))
+                replace(slot, memory_mib=min(slot.memory_mib, state.room_mib(state.position[slot.index])))
                 for slot in slots
                 if slot.index in state.position and state.node.gpus[state.position[slot.index]].uuid == slot.uuid
             )
