@@ -297,8 +297,9 @@ def explain_task(view: Controller, namespace: str, name: str, status: Mapping[st
     """The diagnosis of task ``namespace/name`` in ``view``. A task the scheduler does not hold but the operator
     keeps waiting before any queue (its GPULocalQueue missing, its PriorityClass missing) is reported ``pending``
     with that reason (from ``status``) as its gate."""
-    found = diagnose(view.scheduler, task_key(namespace, name))
-    record = view.tasks.get(task_key(namespace, name))
+    key = task_key(namespace, name)
+    found = replace(diagnose(view.scheduler, key), held=tuple(view.held_for(key)))
+    record = view.tasks.get(key)
     reason = _reason(status or {})
     if found.state == "unknown" and record is not None and record.phase == "Pending" and reason:
         gate = Wait(reason, str((status or {}).get("message") or ""))
@@ -349,6 +350,8 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
 
     out(f": {status.get('phase') or found.state.capitalize()}"
         + (f" ({_reason(status)}: {status.get('message')})" if _reason(status) else ""), bold=found.key)
+    for note in found.held:
+        out(f"An earlier Job of it is gone, its pods are not: {note}.")
     if found.state == "unknown":
         out("The operator's view has no such task waiting or running (it finished, or failed for good).")
         return

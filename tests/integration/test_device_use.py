@@ -170,7 +170,8 @@ async def test_with_evict_a_task_over_its_memory_budget_is_evicted_and_requeued(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """memoryBudget Evict: the same overuse evicts the task (GPUMemoryExceeded, counted as a reschedule) with a
-    Warning Event naming GPU, use and budget; its Job is deleted and it is admitted again as attempt 2."""
+    Warning Event naming GPU, use and budget; its Job is deleted and it is admitted again as attempt 2, which turns
+    Evicted False ("Previously: ...")."""
     await add_ready_node(cluster, NODE)
     await cluster.add_queue()
     probe = FakeProbe.from_spec("1xNVIDIA-A10:24Gi", node_name=NODE)
@@ -180,15 +181,20 @@ async def test_with_evict_a_task_over_its_memory_budget_is_evicted_and_requeued(
         await cluster.submit(gputask("train", gpuMemory="8Gi"))
         await eventually(lambda: job_of(cluster, "train-1"))
         await over_budget(cluster, tmp_path, probe, 12000)
-        evicted = await eventually(lambda: task_condition(cluster, "train", "Evicted"))
         again = await eventually(lambda: job_of(cluster, "train-2"))
+
+        async def readmitted() -> tuple[str, str, str] | None:  # the status is written just after the Job
+            found = await task_condition(cluster, "train", "Evicted")
+            return found if found is not None and found[0] == "False" else None
+
+        evicted = await eventually(readmitted)
         events = [e for e in await cluster.events_for("train") if e[1] == "GPUMemoryExceeded"]
         reschedules = (await cluster.task("train"))["status"]["reschedules"]
         first_gone = await job_of(cluster, "train-1") is None or "deletionTimestamp" in (
             (await job_of(cluster, "train-1")) or {}).get("metadata", {})
     evict = f"uses more GPU memory than it reserved: {USE}"
     assert (evicted, events, again["metadata"]["annotations"]["gputask.io/attempt"], reschedules, first_gone) == (
-        ("True", "GPUMemoryExceeded", evict),
+        ("False", "QuotaReserved", f"Previously: {evict}"),
         [("Warning", "GPUMemoryExceeded", evict)],
         "2",
         1,

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
+from rich.console import Console
+
 from gputask.config import Config
-from gputask.k8s.client import GPUCLUSTERQUEUES, GPUTASKS, JOBS, NODES, PRIORITYCLASSES, NotFound
-from harness import Cluster, eventually, gputask, running_operator
+from gputask.k8s.client import GPUCLUSTERQUEUES, GPUNODES, GPUTASKS, JOBS, NODES, PODS, PRIORITYCLASSES, NotFound
+from gputask.live import build_view, explain_task, list_all, render_diagnosis
+from harness import Cluster, eventually, gputask, job_of, running_operator
 
 A10 = ("GPU-a10-0", "NVIDIA-A10", "24Gi")
 FAST = Config(cycleInterval=0.2, nodeFailureGracePeriod=1)
@@ -128,8 +133,72 @@ async def test_node_failure_reschedules_on_another_node_with_a_new_job(cluster: 
 
         status = await eventually(readmitted)
         assert (status["attempt"], status["reschedules"], status["placement"]["node"]) == (2, 1, "node-b")
-        assert condition(status, "Evicted")[:2] == ("True", "NodeFailure")  # type: ignore[index]
         assert await job_names(cluster) == ["train-2"]
+
+
+async def test_readmission_turns_evicted_and_requeued_false_as_kueue_does(cluster: Cluster) -> None:
+    """Re-admitted after a NodeFailure eviction, Evicted and Requeued turn False (reason QuotaReserved, "Previously:
+    <their message>"), as Kueue's SetQuotaReservation does; once its Job completes the task shows Finished=True beside
+    them, not beside Evicted=True."""
+    await cluster.add_node("node-a", ("GPU-a", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("train"))
+        await eventually(lambda: _has_job(cluster, "train-1"))
+        await cluster.add_node("node-b", ("GPU-b", "NVIDIA-A10", "24Gi"))
+        not_ready = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+        await cluster.client.patch(NODES, "node-a", not_ready, status=True)
+        await eventually(lambda: _has_job(cluster, "train-2"))
+        complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+        await cluster.client.patch(JOBS, "train-2", complete, "default", status=True)
+
+        async def succeeded() -> dict[str, Any] | None:
+            found = await status_of(cluster, "train")
+            return found if found.get("phase") == "Succeeded" else None
+
+        status = await eventually(succeeded)
+        why = "node node-a NotReady for more than 1s"
+        placed = "Admitted by GPUClusterQueue 'default' on node-b GPUs [0] (24576 MiB each)"
+        assert {c["type"]: (c["status"], c["reason"], c["message"]) for c in status["conditions"]} == {
+            "QuotaReserved": ("True", "QuotaReserved", "quota reserved in 'default'"),
+            "Admitted": ("True", "Admitted", placed),
+            "Evicted": ("False", "QuotaReserved", f"Previously: {why}"),
+            "Requeued": ("False", "QuotaReserved", "Previously: requeued after NodeFailure"),
+            "Finished": ("True", "Succeeded", "Job train-2 completed"),
+        }
+
+
+async def test_a_restarted_operator_holds_the_gpus_of_pods_whose_job_is_gone(cluster: Cluster) -> None:
+    """The operator restarts while the pod of a Job gone after a NodeFailure eviction lingers on node-a: the rebuild
+    finds the pod with no Job and holds the GPU its placement annotation names, so a new task waits until the pod
+    is gone; `gputask explain` says what is held."""
+    await cluster.add_node("node-a", ("GPU-a", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await fail_node_a_with_a_running_task(cluster)
+    await node_a_back(cluster)
+    await cluster.submit(gputask("other"))
+    async with running_operator(cluster, FAST):
+        no_gpu = ("False", "NoFit", "0/2 nodes fit: 2 no idle GPU (position 0 in GPUClusterQueue 'default')")
+
+        async def waits() -> bool:
+            return condition(await status_of(cluster, "other"), "Admitted") == no_gpu
+
+        await eventually(waits)
+        objects = await list_all(cluster.client)
+        status = await status_of(cluster, "train")
+        found = explain_task(build_view(objects), "default", "train", status)
+        console = Console(file=io.StringIO(), width=200, highlight=False, color_system=None)
+        render_diagnosis(console, found, status)
+        assert (found.state, found.node, found.held, await job_names(cluster)) == (
+            "admitted", "node-b", ("GPUs on node node-a held until pod train-1-x7k2p is gone",), ["train-2"])
+        assert console.file.getvalue().splitlines()[1:] == [  # type: ignore[attr-defined]
+            "An earlier Job of it is gone, its pods are not: GPUs on node node-a held until pod train-1-x7k2p is "
+            "gone.", "GPUClusterQueue: default (through GPULocalQueue default); priority 0", "Admitted on node node-b."]
+        await pod_stopped(cluster, "train-1-x7k2p")
+        await eventually(lambda: _has_job(cluster, "other-1"))
+        objects = await list_all(cluster.client)
+        assert explain_task(build_view(objects), "default", "train").held == ()
 
 
 async def test_deleting_a_task_while_the_operator_is_down_frees_its_gpu(cluster: Cluster) -> None:
@@ -312,3 +381,140 @@ async def test_a_restart_rewrites_no_status_that_already_says_the_same(cluster: 
         skipped = again.executor.transitions.skipped
     after = [a for a in cluster.server.emulator.answers if "/gputasks/w" in a.path]
     assert (len(after) - len(before), skipped >= 2) == (0, True)
+
+
+KUBELET_FINALIZER = "test.gputask.io/kubelet"  # keeps a deleted pod Running, as a kubelet that does not answer does
+
+
+async def bound_pod(cluster: Cluster, job_name: str, pod_name: str, node: str) -> None:
+    """A pod of Job ``job_name`` as the Job controller makes it (template labels and annotations, owner), bound to
+    ``node`` by kube-scheduler and Running; its finalizer :data:`KUBELET_FINALIZER` keeps it, once deleted, Running
+    with a deletionTimestamp, as a pod on an unreachable node stays until its kubelet comes back."""
+    job = await cluster.client.get(JOBS, job_name, "default")
+    template = job["spec"]["template"]
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": job["metadata"]["uid"],
+             "controller": True, "blockOwnerDeletion": True}
+    meta = {"name": pod_name, "namespace": "default", "ownerReferences": [owner], "finalizers": [KUBELET_FINALIZER],
+            "labels": template["metadata"]["labels"] | {"batch.kubernetes.io/job-name": job_name},
+            "annotations": template["metadata"].get("annotations") or {}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {**template["spec"], "nodeName": node}}
+    await cluster.client.create(PODS, pod, "default")
+    await cluster.client.patch(PODS, pod_name, {"status": {"phase": "Running"}}, "default", status=True)
+
+
+async def pod_lingers(cluster: Cluster, name: str) -> bool:
+    """True while pod ``name`` is deleted (a deletionTimestamp) but still there, Running."""
+    try:
+        pod = await cluster.client.get(PODS, name, "default")
+    except NotFound:
+        return False
+    return bool(pod["metadata"].get("deletionTimestamp")) and pod["status"]["phase"] == "Running"
+
+
+async def fail_node_a_with_a_running_task(cluster: Cluster) -> None:
+    """Task ``train`` Running on node-a (its pod ``train-1-x7k2p``), node-b free, then node-a NotReady: returns once
+    the task is re-placed on node-b (Job train-2) and the pod of the gone Job train-1 lingers."""
+    await cluster.submit(gputask("train"))
+    await eventually(lambda: _has_job(cluster, "train-1"))
+    await bound_pod(cluster, "train-1", "train-1-x7k2p", "node-a")
+
+    async def running() -> bool:
+        return (await status_of(cluster, "train")).get("phase") == "Running"
+
+    await eventually(running)
+    await cluster.add_node("node-b", ("GPU-b", "NVIDIA-A10", "24Gi"))
+    not_ready = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+    await cluster.client.patch(NODES, "node-a", not_ready, status=True)
+    await eventually(lambda: _has_job(cluster, "train-2"))
+
+    async def job_gone_pod_not() -> bool:
+        return not await _has_job(cluster, "train-1") and await pod_lingers(cluster, "train-1-x7k2p")
+
+    await eventually(job_gone_pod_not)
+
+
+async def node_a_back(cluster: Cluster) -> None:
+    """node-a Ready again (its kubelet answers; the old pod still runs until the kubelet stops it)."""
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    await cluster.client.patch(NODES, "node-a", ready, status=True)
+
+
+async def pod_stopped(cluster: Cluster, name: str) -> None:
+    """The kubelet stopped pod ``name``'s containers and confirmed its deletion: it is gone."""
+    await cluster.client.patch(PODS, name, {"metadata": {"finalizers": []}}, "default")
+
+
+async def test_a_failed_nodes_gpus_stay_held_until_the_old_pod_is_gone(cluster: Cluster) -> None:
+    """After a NodeFailure eviction the task runs on node-b at once, but node-a's GPU stays held while the old pod
+    lingers there (deleted, Running): a new task waits after node-a is back, and gets the GPU once the pod is gone;
+    the Evicted condition says what was held until then."""
+    await cluster.add_node("node-a", ("GPU-a", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await fail_node_a_with_a_running_task(cluster)
+        await node_a_back(cluster)
+        await cluster.submit(gputask("other"))
+
+        no_gpu = ("False", "NoFit", "0/2 nodes fit: 2 no idle GPU (position 0 in GPUClusterQueue 'default')")
+
+        async def waits_with_node_a_back() -> bool:  # node-a back in the books: only the hold keeps its GPU
+            return condition(await status_of(cluster, "other"), "Admitted") == no_gpu
+
+        held = "GPUs on node node-a held until pod train-1-x7k2p is gone"
+
+        async def said() -> tuple[str, str, str] | None:
+            found = condition(await status_of(cluster, "train"), "Evicted")
+            return found if found is not None and found[2].endswith(held) else None
+
+        await eventually(waits_with_node_a_back)
+        assert (await eventually(said), await job_names(cluster)) == (
+            ("False", "QuotaReserved", f"Previously: node node-a NotReady for more than 1s; {held}"),
+            ["train-2"],
+        )
+        await pod_stopped(cluster, "train-1-x7k2p")
+        await eventually(lambda: _has_job(cluster, "other-1"))
+        events = sorted(e for e in await cluster.events_for("train") if e[1].startswith("GPUs"))
+        assert (condition(await status_of(cluster, "train"), "Evicted"), events) == (
+            ("False", "QuotaReserved", "Previously: node node-a NotReady for more than 1s"),
+            [("Normal", "GPUsHeld", held),
+             ("Normal", "GPUsReleased", "GPUs on node node-a released: the pods of Job train-1 are gone")],
+        )
+
+
+async def test_an_unhealthy_gpus_task_moves_at_once_and_the_gpu_stays_held_while_its_pod_terminates(
+    cluster: Cluster,
+) -> None:
+    """GPUFailure: the task is re-placed on node-a's other GPU at once, while the failed GPU stays held as long as the
+    old pod terminates (deleted, still Running in its grace period); the GPU reported healthy again is given to the
+    next task only once that pod is gone."""
+    await cluster.add_node("node-a", ("GPU-a0", "NVIDIA-A10", "24Gi"), ("GPU-a1", "NVIDIA-A10", "24Gi"))
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("train"))
+        job = await eventually(lambda: job_of(cluster, "train-1"))
+        index = json.loads(job["metadata"]["annotations"]["gputask.io/placement"])["indices"][0]
+        await bound_pod(cluster, "train-1", "train-1-x7k2p", "node-a")
+        gpunode = await cluster.client.get(GPUNODES, "node-a")
+        gpus = gpunode["status"]["gpus"]
+        gpus[index] |= {"healthy": False, "reason": "XID 79"}
+        await cluster.client.patch(GPUNODES, "node-a", {"status": {"gpus": gpus}}, status=True)
+        await eventually(lambda: _has_job(cluster, "train-2"))
+
+        async def job_gone_pod_not() -> bool:
+            return not await _has_job(cluster, "train-1") and await pod_lingers(cluster, "train-1-x7k2p")
+
+        await eventually(job_gone_pod_not)
+        gpus[index] |= {"healthy": True, "reason": ""}
+        await cluster.client.patch(GPUNODES, "node-a", {"status": {"gpus": gpus}}, status=True)
+        await cluster.submit(gputask("other"))
+        no_gpu = ("False", "NoFit", "0/1 nodes fit: 1 no idle GPU (position 0 in GPUClusterQueue 'default')")
+
+        async def waits() -> bool:
+            return condition(await status_of(cluster, "other"), "Admitted") == no_gpu
+
+        await eventually(waits)
+        await pod_stopped(cluster, "train-1-x7k2p")
+        await eventually(lambda: _has_job(cluster, "other-1"))
+        placements = [json.loads(j["metadata"]["annotations"]["gputask.io/placement"])["indices"]
+                      for j in await cluster.client.list(JOBS, "default")]
+        assert (await job_names(cluster), sorted(placements)) == (["other-1", "train-2"], [[0], [1]])

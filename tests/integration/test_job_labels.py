@@ -110,7 +110,8 @@ async def test_a_restart_while_the_label_is_missing_books_nothing_twice(cluster:
 
 async def test_a_job_really_deleted_still_frees_its_gpu_and_requeues_its_task(cluster: Cluster) -> None:
     """A running task's Job deleted (its DELETED looks like a label's removal): the server says it is gone, so
-    its GPU is freed and the task requeued (JobDeleted) and admitted again as attempt 2; no label Event."""
+    its GPU is freed and the task requeued (JobDeleted, its Warning Event) and admitted again as attempt 2, which
+    turns Evicted False ("Previously: ..."); no label Event."""
     await cluster.add_node("node-a", A10)
     await cluster.add_queue()
     async with running_operator(cluster, FAST) as operator:
@@ -127,5 +128,7 @@ async def test_a_job_really_deleted_still_frees_its_gpu_and_requeues_its_task(cl
         status = await eventually(readmitted)
         evicted = next(c for c in status["conditions"] if c["type"] == "Evicted")
         reasons = [e[1] for e in await cluster.events_for("first") if e[0] == "Warning"]
-        assert (evicted["reason"], LABEL_RESTORED in reasons, operator.executor.relabel.lost) == (
-            "JobDeleted", False, {})
+        assert ((evicted["status"], evicted["reason"], evicted["message"]), "JobDeleted" in reasons,
+                LABEL_RESTORED in reasons, operator.executor.relabel.lost) == (
+            ("False", "QuotaReserved", "Previously: Job first-1 was deleted while the task ran; requeued"), True,
+            False, {})

@@ -35,6 +35,7 @@ from gputask.k8s.jobs import build_job
 from gputask.k8s.kueue_admission import KueueAdmission
 from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
+from gputask.k8s.tasks import TaskRecord, reset_requeue_conditions, set_condition
 from gputask.k8s.writer import Writer
 from gputask.manifests import convert
 from gputask.metrics import OperatorMetrics
@@ -587,3 +588,86 @@ async def test_a_loop_pass_costs_what_changed_not_the_number_of_tasks(monkeypatc
     assert (quiet, (scheduler.stats.mode, scheduler.stats.tried, walks["pending"], Counted.walks)) == (
         ("skipped", 0, 0, 0), ("incremental", 1, 0, 0)
     )
+
+
+def task_pod(job: dict[str, Any], *, node: str | None = "node-a", phase: str = "Running") -> dict[str, Any]:
+    """Pod ``<job>-abcde`` (uid ``pod-1``) of ``job`` as the Job controller makes it, bound to ``node`` (None: not
+    bound), in ``phase``."""
+    template = job["spec"]["template"]
+    meta = {"name": f"{job['metadata']['name']}-abcde", "namespace": "ns", "uid": "pod-1",
+            "labels": template["metadata"]["labels"] | {"batch.kubernetes.io/job-name": job["metadata"]["name"]},
+            "annotations": template["metadata"]["annotations"],
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"]}]}
+    spec = {**template["spec"], **({"nodeName": node} if node else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+async def evicted_with_its_pod(parts: Parts, *, node: str | None = "node-a") -> dict[str, Any]:
+    """Task ``t`` (20Gi of node-a's only GPU) with its pod, evicted for NodeFailure; its Job deleted and the DELETED
+    event fed while the pod is still there. Returns the pod."""
+    parts.submit("t", gpuMemory="20Gi")
+    await parts.loop.run_once()
+    job = parts.client.all(JOBS, "ns")[0]
+    parts.controller.on_job(job)
+    pod = task_pod(job, node=node)
+    parts.controller.on_task_pod(pod)
+    parts.controller.scheduler.evict(TaskKey("ns/t"), "NodeFailure", "node node-a failed", failure=True)
+    await parts.loop.run_once()
+    parts.controller.on_job_deleted(job)
+    await parts.loop.run_once()
+    return pod
+
+
+async def test_a_jobs_gpus_stay_held_while_its_bound_pod_outlives_it_and_are_freed_when_it_finishes() -> None:
+    """An evicted task's Job is gone but its pod still runs on node-a: the GPU stays held (the task waits, the
+    Evicted condition and held_for say why) until the pod is Failed; then the task gets it back as attempt 2 and
+    Evicted turns False with reason QuotaReserved."""
+    parts = Parts()
+    pod = await evicted_with_its_pod(parts)
+    note = "GPUs on node node-a held until pod t-1-abcde is gone"
+    conditions = {c["type"]: (c["status"], c["reason"], c["message"]) for c in parts.status("t")["conditions"]}
+    assert (parts.job_creates(), conditions["Evicted"], conditions["Admitted"][1],
+            parts.controller.held_for(TaskKey("ns/t"))) == (
+        ["t-1"], ("True", "NodeFailure", f"node node-a failed; {note}"), "NoFit", [note])
+    parts.controller.on_task_pod(pod | {"status": {"phase": "Failed"}})
+    await parts.loop.run_once()
+    conditions = {c["type"]: (c["status"], c["reason"], c["message"]) for c in parts.status("t")["conditions"]}
+    assert (parts.job_creates(), conditions["Evicted"], conditions["Requeued"],
+            parts.controller.held_for(TaskKey("ns/t")), parts.controller.scheduler.ledger.held) == (
+        ["t-1", "t-2"], ("False", "QuotaReserved", "Previously: node node-a failed"),
+        ("False", "QuotaReserved", "Previously: requeued after NodeFailure"), [], {})
+
+
+async def test_a_pod_not_bound_to_a_node_does_not_keep_a_gone_jobs_gpus() -> None:
+    """A pod still Pending and unbound runs nowhere: once its Job is gone the GPU is free and the task re-admitted."""
+    parts = Parts()
+    await evicted_with_its_pod(parts, node=None)
+    await parts.loop.run_once()
+    assert (parts.job_creates(), parts.controller.scheduler.ledger.held) == (["t-1", "t-2"], {})
+
+
+async def test_a_relisting_without_the_pod_frees_a_gone_jobs_gpus() -> None:
+    """After a gap in the pod watch, a relisting that lacks the lingering pod (it was deleted meanwhile) releases the
+    GPU held for it."""
+    parts = Parts()
+    await evicted_with_its_pod(parts)
+    held_before = sorted(parts.controller.scheduler.ledger.held)
+    parts.controller.keep_task_pods(set())
+    await parts.loop.run_once()
+    assert (held_before, parts.job_creates(), parts.controller.scheduler.ledger.held) == (
+        ["ns/t#departing-1"], ["t-1", "t-2"], {})
+
+
+def test_quota_reserved_again_resets_evicted_and_requeued_once() -> None:
+    """Evicted and Requeued True turn False (QuotaReserved, "Previously: ...") at a quota reservation; a second one
+    with no eviction between (a refused Job tried again) leaves them as they are, and absent ones stay absent."""
+    record = TaskRecord(TaskKey("ns/t"), "uid-t", {"metadata": {"name": "t", "namespace": "ns", "generation": 1}})
+    set_condition(record, "Evicted", True, "Preempted", "preempted by ns/high")
+    set_condition(record, "Requeued", True, "Preempted", "requeued after Preempted")
+    reset_requeue_conditions(record)
+    first = {k: dict(c) for k, c in record.conditions.items()}
+    reset_requeue_conditions(record)
+    assert (record.conditions, {k: (c["status"], c["reason"], c["message"]) for k, c in first.items()}) == (first, {
+        "Evicted": ("False", "QuotaReserved", "Previously: preempted by ns/high"),
+        "Requeued": ("False", "QuotaReserved", "Previously: requeued after Preempted"),
+    })

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from gputask.core import (
     GPU,
@@ -22,7 +23,7 @@ from gputask.core import (
     Task,
     TaskKey,
 )
-from gputask.core.scheduler import CycleStats
+from gputask.core.scheduler import CycleStats, Evict
 
 GIB = 1024  # MiB
 
@@ -566,4 +567,40 @@ def test_a_task_its_queue_never_admits_takes_no_place_and_is_no_pending_work_eve
         [("ns/outsider", "NamespaceNotAllowed", -1), ("ns/member", "Inadmissible", 0)],
         1,
         [("ns/member", "QueueHeld", 0)],
+    )
+
+
+def test_a_deleted_nodes_holds_are_released_with_it_and_the_others_stay() -> None:
+    """Holds of departing workloads on a node whose Node is deleted are released (their pods go with it); a hold on
+    another node stays, and the ledger keeps no hold the cluster no longer reserves."""
+    s = scheduler([node("a", 16), node("b", 16)], [queue()])
+    on_a, on_b = TaskKey("ns/old-1#terminating"), TaskKey("ns/other-1#terminating")
+    s.hold(on_a, placed("a", (0, 16 * GIB)))
+    s.hold(on_b, placed("b", (0, 16 * GIB)))
+    s.remove_node(NodeName("a"))
+    assert (s.ledger.held, sorted(s.cluster.reservations())) == ({on_b: placed("b", (0, 16 * GIB))}, [on_b])
+
+
+def test_a_gpu_failure_eviction_holds_the_failed_gpu_for_the_old_pods() -> None:
+    """A task on a GPU reported unhealthy is evicted (GPUFailure) and re-placed on the node's other GPU in the same
+    cycle; the failed GPU stays held for its old pods (they run until stopped), so when it is healthy again the
+    next task waits for the hold to end, then gets it."""
+    first, second = task("first"), task("second")
+    s = scheduler([node("a", 16, 16)], [queue()], [first])
+    s.cycle(1.0)
+    gpu0, gpu1 = node("a", 16, 16).gpus
+    failed = Node(NodeName("a"), (replace(gpu0, healthy=False), gpu1))
+    s.set_node(failed)
+    decisions = s.cycle(2.0)
+    held = next(d.held for d in decisions if isinstance(d, Evict))
+    s.set_node(node("a", 16, 16))
+    s.submit(second)
+    waiting, holds = s.cycle(3.0), dict(s.ledger.held)
+    s.finish(held)  # type: ignore[arg-type]
+    assert (decisions, holds, waiting, s.cycle(4.0)) == (
+        [Evict(first, placed("a", (0, 16 * GIB)), "GPUFailure", "a GPU of node a failed or disappeared"),
+         Admit(first, placed("a", (1, 16 * GIB)), usage(1000, 16 * GIB))],
+        {held: placed("a", (0, 16 * GIB))},
+        [Pending(second, "NoFit", NO_IDLE_GPU)],
+        [Admit(second, placed("a", (0, 16 * GIB)), usage(1000, 16 * GIB))],
     )

@@ -73,8 +73,13 @@ class NodeState:
 
     def free_mib(self, pos: int) -> int:
         """Free MiB on the GPU at position ``pos`` (0 when unhealthy or exclusively held)."""
+        return self.room_mib(pos) if self.node.gpus[pos].healthy else 0
+
+    def room_mib(self, pos: int) -> int:
+        """MiB of the GPU at position ``pos`` that nothing reserves or uses, healthy or not (0 when exclusively
+        held): what a departing workload's hold may keep of it (a failed GPU's old pods still run on it)."""
         gpu = self.node.gpus[pos]
-        if not gpu.healthy or self.exclusive[pos]:
+        if self.exclusive[pos]:
             return 0
         return max(0, gpu.memory_mib - gpu.foreign_mib - self.reserved_mib[pos])
 

@@ -104,7 +104,9 @@ class Diagnosis:
     ``state``: ``pending``, ``admitted`` or ``unknown`` (the operator's view has no such task);
     ``position``: 0 = head of its GPUClusterQueue, ``ahead_of`` how many wait behind it; ``gate``: a
     queue-level reason that keeps it out before any node is looked at; ``changes``: the smallest changes
-    that would let it in, most direct first (empty when it fits now or nothing simple would).
+    that would let it in, most direct first (empty when it fits now or nothing simple would); ``held``: GPUs still
+    held for an earlier Job of the task that is gone while its pods are not (``GPUs on node X held until pod Y is
+    gone``), filled in by the adapter, which knows pods.
     """
 
     key: str
@@ -118,6 +120,7 @@ class Diagnosis:
     gate: Wait | None = None
     flavors: tuple[FlavorView, ...] = ()
     changes: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()
 
 
 def _unit(resource: str) -> str:

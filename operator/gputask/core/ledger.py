@@ -10,7 +10,8 @@ failure evictions and metrics all read it). Entries come in three kinds:
 - **nominated**: a preemptor whose placement is reserved while it waits for its victims
   (``waiting_for``), promoted to running once they are gone;
 - **held**: GPUs of a workload that is on its way out (a terminating Job whose task is gone or
-  requeued): reserved until it is gone, charged to no queue, never preempted.
+  requeued, or the pods of a Job already gone): reserved until it is gone or its node is deleted
+  (:meth:`Ledger.release_holds_on`), charged to no queue, never preempted.
 
 Units: usage in milli-GPU and MiB (:data:`~gputask.core.quota.Usage`), times in seconds.
 """
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState
-from gputask.core.model import GpuRequest, Placement, Task, TaskKey
+from gputask.core.model import GpuRequest, NodeName, Placement, Task, TaskKey
 from gputask.core.quota import QuotaBook, Usage, usage_of
 
 HOLD_PRIORITY = 2**31 - 1
@@ -139,9 +140,10 @@ class Ledger:
     def hold(self, key: TaskKey, placement: Placement, *, fit: bool = False) -> Placement | None:
         """Keep a departing workload's GPUs reserved (no queue, no quota) until :meth:`release`.
 
-        With ``fit`` each GPU holds only what is free on it now, at most the slot's MiB (the part a
-        nominated preemptor took is its own); without it the whole placement is recorded even if it
-        over-commits (found at a restart). Returns what is held, None when nothing is.
+        With ``fit`` each GPU holds only what is free on it now, healthy or not, at most the slot's MiB (the
+        part a nominated preemptor took is its own; a failed GPU's old pods still run on it); without it the
+        whole placement is recorded even if it over-commits (found at a restart). Returns what is held, None
+        when nothing is.
         """
         if key in self.held or not self.cluster.has_node(placement.node):
             return None
@@ -149,7 +151,7 @@ class Ledger:
         if fit:
             state = self.cluster.node(placement.node)
             clipped = (
-                replace(slot, memory_mib=min(slot.memory_mib, state.free_mib(state.position[slot.index])))
+                replace(slot, memory_mib=min(slot.memory_mib, state.room_mib(state.position[slot.index])))
                 for slot in slots
                 if slot.index in state.position and state.node.gpus[state.position[slot.index]].uuid == slot.uuid
             )
@@ -162,6 +164,14 @@ class Ledger:
         self.held[key] = held
         self.version += 1
         return held
+
+    def release_holds_on(self, node: NodeName) -> list[TaskKey]:
+        """Release every hold on ``node`` (its Node is deleted: what ran there is gone with it); returns their keys,
+        sorted."""
+        keys = sorted(key for key, placement in self.held.items() if placement.node == node)
+        for key in keys:
+            self.release(key)
+        return keys
 
     def _book(self, task: Task, placement: Placement, now: float, *, charge: bool, force: bool) -> Entry:
         self.version += 1

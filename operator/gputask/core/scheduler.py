@@ -268,10 +268,12 @@ class Scheduler:
         return lost
 
     def remove_node(self, name: NodeName) -> list[TaskKey]:
-        """A node is deleted: its tasks are queued for eviction (NodeFailure) and it is forgotten."""
+        """A node is deleted: its tasks are queued for eviction (NodeFailure), what was held there for departing
+        workloads is released (their pods go with the Node), and it is forgotten."""
         self._changed = True
         lost = self.health.node_removed(name)
         self._carry.extend(self._evict_failed(self.health.take()))  # release before the node goes
+        self.ledger.release_holds_on(name)
         self.health.forget(name)
         return lost
 

@@ -8,7 +8,8 @@ Nodes, GPUNodes, GPUClusterQueues, PriorityClasses and Namespaces (:meth:`Contro
 which is what a restarted (or newly elected) operator does before it admits anything.
 
 A Job that is going away (being deleted, or the Job of a task that no longer claims it) keeps its
-GPUs reserved in the core under :func:`holding_key` until it is gone, so neither a requeued task
+GPUs reserved in the core under :func:`holding_key` until it is gone and so are its pods bound to a node
+(:mod:`gputask.k8s.lingering`: pods on an unreachable node outlive their Job), so neither a requeued task
 nor a restart can double-book them.
 """
 
@@ -35,7 +36,9 @@ from gputask.k8s.jobs import (
     TASK_UID_ANNOTATION,
     parse_placement,
 )
+from gputask.k8s.lingering import GoneJob, PodsOfJobs
 from gputask.k8s.localqueues import LocalQueues
+from gputask.k8s.names import fit_name
 from gputask.k8s.tasks import (
     ADMITTED,
     FAILED,
@@ -90,7 +93,9 @@ class Report:
     deprecated-queue (``detail`` = the GPUClusterQueue it names directly),
     finished (``detail`` = outcome), running, restored (``detail`` = message), delete-job,
     stray-job (``detail`` = the Job to delete: a second live Job of the task), over-budget or
-    within-budget (``detail`` = message: its pods' GPU memory against its reservation)."""
+    within-budget (``detail`` = message: its pods' GPU memory against its reservation), gpus-held or
+    gpus-released (``detail`` = :func:`~gputask.k8s.lingering.held_note`: an old Job of the task is gone, its
+    pods are not, and its GPUs stay held until they are)."""
 
     kind: str
     record: TaskRecord
@@ -156,6 +161,7 @@ class Controller:
             memory_budget=MemoryBudget(budget.action, budget.tolerance_mib),
         )
         self.task_pods: dict[str, str] = {}  # pod uid -> Job key, for the pods of our Jobs (not finished)
+        self.pods_of_jobs = PodsOfJobs()  # the bound ones by Job, and Jobs gone before them (their GPUs held)
         self.over_budget: dict[TaskKey, tuple[Overuse, ...]] = {}  # running tasks over their GPU memory budget
         self.inventory = Inventory(self.scheduler, self.config, self.foreign, our_pods=self.task_pods)
         self.local_queues = LocalQueues()
@@ -230,7 +236,7 @@ class Controller:
         when any was forgotten every GPUNode is recounted, as a forgotten pod's node is not known."""
         gone = [uid for uid in self.task_pods if uid not in uids]
         for uid in gone:
-            del self.task_pods[uid]
+            self._pod_gone(self.task_pods.pop(uid), uid)
         if gone:
             now = time.time()
             for node in list(self.inventory.gpunodes):
@@ -245,11 +251,15 @@ class Controller:
         if not uid:
             return
         before = self.task_pods.get(uid)
+        node = spec.get("nodeName")
         if deleted or finished or job is None:
             self.task_pods.pop(uid, None)
         else:
             self.task_pods[uid] = job.key
-        node = spec.get("nodeName")
+        if job is not None and uid in self.task_pods and isinstance(node, str) and node:
+            self.pods_of_jobs.present(job.key, uid, str(meta.get("name") or uid))
+        elif before is not None:
+            self._pod_gone(before, uid)
         if before != self.task_pods.get(uid) and isinstance(node, str) and node in self.inventory.gpunodes:
             self.inventory.refresh_node(node, time.time())
 
@@ -312,12 +322,61 @@ class Controller:
                                                                f"(+{tolerance} MiB tolerance) again"))
 
     def _job_of_pod(self, pod: Mapping[str, Any]) -> JobRecord | None:
+        """The Job of one of our pods: a live one, else one gone before its pods (:mod:`gputask.k8s.lingering`)."""
         meta = pod.get("metadata") or {}
-        owners = [r.get("name") for r in meta.get("ownerReferences") or [] if r.get("kind") == "Job"]
-        labels = meta.get("labels") or {}
-        names = owners + [labels[k] for k in JOB_NAME_LABELS if k in labels]
-        namespace = meta.get("namespace") or "default"
-        return next((self.jobs[f"{namespace}/{n}"] for n in names if f"{namespace}/{n}" in self.jobs), None)
+        keys = [f"{meta.get('namespace') or 'default'}/{name}" for name in _job_names(meta)]
+        gone = self.pods_of_jobs.gone
+        return next((self.jobs[k] for k in keys if k in self.jobs), None) or next(
+            (gone[k].job for k in keys if k in gone), None)
+
+    def _pod_gone(self, job_key: str, uid: str) -> None:
+        """Pod ``uid`` of Job ``job_key`` is gone (deleted, finished, unbound): when it was the last pod of a Job gone
+        before it, that Job's GPUs are released and its task told."""
+        ended = self.pods_of_jobs.absent(job_key, uid)
+        if ended is None or ended.hold is None:
+            return
+        self.scheduler.finish(ended.hold)
+        record = self._task_of_gone(ended)
+        if record is not None and ended.job.placement is not None:
+            message = f"GPUs on node {ended.job.placement.node} released: the pods of Job {ended.job.name} are gone"
+            self.outbox.append(Report("gpus-released", record, message))
+
+    def _task_of_gone(self, gone: GoneJob) -> TaskRecord | None:
+        """The task of a gone Job: by its uid, or (found at a restart) by its pods' task label."""
+        record = self.by_uid.get(gone.job.task_uid)
+        if record is not None or not gone.task_label:
+            return record
+        for key in sorted(self.in_namespace.get(gone.job.namespace, set())):
+            if fit_name(self.tasks[key].name) == gone.task_label:
+                return self.tasks[key]
+        return None
+
+    def _pods_outlive(self, job: JobRecord, held: TaskKey | None) -> bool:
+        """Job ``job`` is gone; True when pods of it are still bound to a node: its GPUs (``held``) stay held until
+        they are gone, and its task is told what waits for what."""
+        earlier = self.pods_of_jobs.gone.get(job.key)
+        if not self.pods_of_jobs.job_gone(job, held):
+            return False
+        if earlier is not None and earlier.hold not in (None, held) and held is not None:
+            self.scheduler.finish(earlier.hold)  # held twice over: the newer hold stands
+        gone = self.pods_of_jobs.gone[job.key]
+        note, record = self.pods_of_jobs.note_of(gone), self._task_of_gone(gone)
+        if note is not None and record is not None and gone.hold in self.scheduler.ledger.held:
+            self.outbox.append(Report("gpus-held", record, note))
+        return True
+
+    def held_for(self, key: TaskKey) -> list[str]:
+        """What is held for Jobs of task ``key`` that are gone before their pods: one
+        :func:`~gputask.k8s.lingering.held_note` each, while the core still holds the GPUs (a deleted Node's are
+        released with it)."""
+        held = self.scheduler.ledger.held
+        notes = []
+        for gone in self.pods_of_jobs.gone.values():
+            record = self._task_of_gone(gone)
+            note = self.pods_of_jobs.note_of(gone)
+            if record is not None and record.key == key and note is not None and gone.hold in held:
+                notes.append(note)
+        return sorted(notes)
 
     def started(self, record: TaskRecord, admitted_at: float) -> None:
         """An admitted task must have a running pod by ``admitted_at`` + podStartTimeout (seconds)."""
@@ -395,7 +454,7 @@ class Controller:
         if not siblings:
             self.jobs_of_task.pop(job.task_uid, None)
         held = self.held.pop(job.key, None)
-        if held is not None:
+        if not self._pods_outlive(job, held) and held is not None:
             self.scheduler.finish(held)
         record = self.by_uid.get(job.task_uid)
         if record is None:
@@ -696,6 +755,33 @@ class Controller:
         self.by_uid.pop(record.uid, None)
 
     # -- restart ------------------------------------------------------------------------------------
+    def _gone_job_of_pod(self, pod: Mapping[str, Any]) -> JobRecord | None:
+        """At a restart: the Job of an unfinished pod of ours bound to a node when the Job is gone (neither listed nor
+        found by name), as its pod tells it (the placement its annotation names); None for any other pod."""
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+        names = _job_names(meta)
+        placement = parse_placement(annotations.get(PLACEMENT_ANNOTATION))
+        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if not names or placement is None or finished or not spec.get("nodeName"):
+            return None
+        job = JobRecord(names[0], str(meta.get("namespace") or "default"), "", 0, placement)
+        self.pods_of_jobs.gone.setdefault(job.key, GoneJob(job, task_label=str(labels.get(TASK_LABEL) or "")))
+        return self.pods_of_jobs.gone[job.key].job
+
+    def _hold_gone_jobs(self) -> None:
+        """At a restart, after the tasks: hold the GPUs of the Jobs gone before their pods (even over-committed, as
+        they run), and tell each task whose condition does not say so yet."""
+        for gone in self.pods_of_jobs.gone.values():
+            placement = gone.job.placement
+            key = holding_key(gone.job)
+            if gone.hold is None and placement is not None and self.scheduler.hold(key, placement) is not None:
+                gone.hold = key
+            note, record = self.pods_of_jobs.note_of(gone), self._task_of_gone(gone)
+            evicted = record.conditions.get("Evicted") if record is not None else None
+            if note is not None and record is not None and not str((evicted or {}).get("message", "")).endswith(note):
+                self.outbox.append(Report("gpus-held", record, note))
+
     def rebuild(self, objects: Mapping[str, Iterable[dict[str, Any]]], now: float | None = None) -> None:
         """Start over from listed objects, in dependency order.
 
@@ -727,7 +813,7 @@ class Controller:
             self._remember(job)
         for pod in objects.get("pods", ()):
             if TASK_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
-                self._note_task_pod(pod, self._job_of_pod(pod), deleted=False)
+                self._note_task_pod(pod, self._job_of_pod(pod) or self._gone_job_of_pod(pod), deleted=False)
         tasks = sorted(objects.get("tasks", ()), key=lambda o: o["metadata"].get("creationTimestamp") or "")
         for obj in tasks:
             if not obj["metadata"].get("deletionTimestamp"):
@@ -739,12 +825,20 @@ class Controller:
             record = self.by_uid.get(job.task_uid)
             if job.terminating or record is None or record.job_name != job.name:
                 self.hold(job)  # an old attempt, or a deleted task's Job, still on its GPUs
+        self._hold_gone_jobs()
         for name in list(inv.gpunodes):  # GPUNodes came before the tasks: memory our restored tasks use was
             inv.refresh_node(name, now)  # counted as foreign; recount it against their reservations now
         for record in self.tasks.values():
             if record.phase in PLACED_PHASES and status_behind(record):
                 # a restart between creating the Job and writing the status: finish the write
                 self.outbox.append(Report("restored", record, f"Admitted (Job {record.job_name} found at restart)"))
+
+
+def _job_names(meta: Mapping[str, Any]) -> list[str]:
+    """The names of a pod's Job: its ownerReferences of kind Job, then the Job controller's job-name labels."""
+    owners = [str(r.get("name")) for r in meta.get("ownerReferences") or [] if r.get("kind") == "Job"]
+    labels = meta.get("labels") or {}
+    return owners + [str(labels[k]) for k in JOB_NAME_LABELS if k in labels]
 
 
 def _int(value: Any) -> int:

@@ -378,6 +378,8 @@ class Executor:
                 await t.publish(record, report.detail)
             elif report.kind == "delete-job":
                 await self.delete_job(record)
+            elif report.kind in ("gpus-held", "gpus-released"):
+                await t.gpus_held(record, report.detail, held=report.kind == "gpus-held")
             elif report.kind in ("over-budget", "within-budget") and record.phase in PLACED_PHASES:
                 await self.memory_budget(record, report.kind == "within-budget", report.detail)
             elif report.kind == "stray-job" and report.detail in self.controller.jobs:

@@ -25,6 +25,7 @@ from typing import Any
 
 from gputask.core import MILLI_PER_GPU, Placement, Task, TaskKey
 from gputask.k8s.client import GPUTASKS, ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
+from gputask.k8s.lingering import HELD_NOTE
 from gputask.k8s.writer import Writer, now_rfc3339
 
 log = logging.getLogger("gputask.tasks")
@@ -38,6 +39,8 @@ STATUS_RETRY_MAX_S = 60.0  # ... up to a minute
 MAX_KEPT_EVENTS = 8  # Events kept with an unwritten status, posted once it is written
 WRITTEN, REFUSED, GONE = "written", "refused", "gone"
 API_VERSION = "gputask.io/v1alpha1"
+MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's message maxLength
+REQUEUE_CONDITIONS = ("Evicted", "Requeued")  # True from an eviction until the next quota reservation
 
 
 @dataclass(slots=True)
@@ -188,6 +191,7 @@ class Transitions:
         record.backoff = Backoff()
         set_condition(record, "QuotaReserved", True, "QuotaReserved", quota)
         set_condition(record, "Admitted", True, "Admitted", message)
+        reset_requeue_conditions(record)
         await self.publish(record, message, ("Normal", "Admitted", message))
 
     async def running(self, record: TaskRecord, message: str) -> None:
@@ -253,6 +257,22 @@ class Transitions:
         record.phase = outcome
         set_condition(record, "Finished", True, outcome, message)
         await self.publish(record, message, ("Normal" if outcome == SUCCEEDED else "Warning", outcome, message))
+
+    async def gpus_held(self, record: TaskRecord, note: str, *, held: bool) -> None:
+        """An old Job of the task is gone while its pods are not: its GPUs stay ``held`` until they are (``note``:
+        :func:`~gputask.k8s.lingering.held_note`, added at the end of the Evicted condition's message), or are
+        released now (``note`` says so; the condition's message loses what was added; nothing when it never said so).
+        A Normal Event either way."""
+        evicted = record.conditions.get("Evicted")
+        said = str((evicted or {}).get("message") or "")
+        if not held and not HELD_NOTE.search(said):
+            return  # never said to be held (its node was deleted first): nothing to take back
+        if evicted is not None:
+            base = HELD_NOTE.sub("", said)
+            text = f"{base}; {note}"[:MAX_CONDITION_MESSAGE] if held else base
+            set_condition(record, "Evicted", evicted.get("status") == "True", str(evicted.get("reason")), text)
+        summary = str((record.obj.get("status") or {}).get("message") or note)
+        await self.publish(record, summary, ("Normal", "GPUsHeld" if held else "GPUsReleased", note))
 
     async def condition(self, record: TaskRecord, ctype: str, status: bool, reason: str, message: str) -> None:
         """Set another condition (KueueConflict); a Warning Event when it turns True."""
@@ -365,6 +385,16 @@ class Transitions:
         # Only the resourceVersion: the spec and labels change through the watch, which compares them.
         record.obj["metadata"]["resourceVersion"] = fresh["metadata"].get("resourceVersion")
         return WRITTEN
+
+
+def reset_requeue_conditions(record: TaskRecord) -> None:
+    """Quota reserved again: Evicted and Requeued, when True, turn False with reason QuotaReserved and the message
+    ``Previously: <their message>``, as Kueue resets Evicted (and Preempted) in ``workload.SetQuotaReservation``."""
+    for ctype in REQUEUE_CONDITIONS:
+        old = record.conditions.get(ctype)
+        if old is not None and old.get("status") == "True":
+            message = f"Previously: {old.get('message') or ''}"[:MAX_CONDITION_MESSAGE]
+            set_condition(record, ctype, False, "QuotaReserved", message)
 
 
 def position_text(position: int, queue: str) -> str:
