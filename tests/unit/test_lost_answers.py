@@ -231,3 +231,20 @@ async def test_a_served_status_write_whose_answer_was_lost_is_read_again_and_wri
     status = parts.status("t")
     assert (status["phase"], status["jobName"], [e["reason"] for e in parts.client.all(EVENTS, "ns")],
             parts.executor.transitions.unwritten) == ("Admitted", "t-1", ["Admitted"], {})
+
+
+async def test_a_task_evicted_while_its_create_is_unconfirmed_deletes_that_job_and_gets_a_new_name() -> None:
+    """A task is preempted while its served-but-unanswered create is still unconfirmed: the Job it may have made is
+    deleted (its GPUs held until it is gone), and the task's next admission creates a Job of the next attempt."""
+    parts = Parts()
+    parts.client.fail("create", "jobs", served=True)
+    parts.submit("t", gpuMemory="20Gi")
+    await parts.loop.run_once()
+    parts.controller.scheduler.evict(TaskKey("ns/t"), "Preempted", "test eviction")
+    await parts.loop.run_once()
+    feed_jobs(parts)
+    parts.controller.on_job_deleted({"metadata": {"name": "t-1", "namespace": "ns"}})  # its DELETED event
+    await parts.loop.run_once()
+    deletes = [name for verb, plural, name in parts.client.calls if (verb, plural) == ("delete", "jobs")]
+    assert (parts.job_creates(), deletes, parts.status("t")["jobName"], parts.executor.creating,
+            mib_on_gpus(parts)) == (["t-1", "t-2"], ["t-1"], "t-2", {}, {0: 20480})
