@@ -321,6 +321,11 @@ class Run:
         """Inject one fault; what was done (a fault on the leader when none leads says so)."""
         leader = await self._leader()
         emulator = self.server.emulator
+        waited = 0.0
+        while kind in ("kill", "kill-while-completing", "pause") and leader is None and waited < 4 * self.s.lease_s:
+            await asyncio.sleep(self.s.retry_s)  # a slow machine: the replicas may not have elected one yet
+            waited += self.s.retry_s
+            leader = await self._leader()
         if kind in ("kill", "kill-while-completing", "pause") and leader is None:
             return f"{kind} (skipped: no leader)"
         if kind in ("kill", "kill-while-completing") and leader is not None:
