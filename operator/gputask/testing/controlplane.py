@@ -210,6 +210,8 @@ class ControlPlane:
     controller marks it NotReady and taints it (kube default 40; 20 here). ``node_capacity``: the
     ``--extended-resources`` of each node (cpu, memory). ``workdir``: where certificates, data and logs go
     (a new short folder under the temp dir by default, removed by :meth:`stop`; a given one is kept).
+    ``audit_policy``: an ``audit.k8s.io/v1`` Policy; the API server then writes ``workdir/audit.log``
+    (JSON lines, read with :meth:`audit_events`), e.g. to count the requests a component made.
     Raises ControlPlaneUnavailable from :meth:`start` when something is missing or does not come up.
     """
 
@@ -218,6 +220,7 @@ class ControlPlane:
     node_monitor_grace_s: int = 20
     node_capacity: str = "cpu=16,memory=64Gi"
     workdir: Path | None = None
+    audit_policy: dict[str, Any] | None = None
     components: dict[str, Component] = field(default_factory=dict, init=False)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False)
     api_port: int = field(default=0, init=False)
@@ -284,6 +287,25 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         """component name -> PID of every process running (or paused) now."""
         return {name: c.pid for name, c in self.components.items() if c.pid is not None}
+
+    def launch(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Component:
+        """Start another process under this control plane's care (an operator, a node agent): logged to
+        ``workdir/NAME.log``, killable with :meth:`kill`, stopped by :meth:`stop` before the control plane.
+        ``env`` replaces the environment when given. ValueError when ``name`` is taken by a running process."""
+        existing = self.components.get(name)
+        if existing is not None and existing.pid is not None:
+            raise ValueError(f"{name} is already running (pid {existing.pid})")
+        self.components.pop(name, None)  # re-added last: stopped first
+        self.components[name] = Component(name, list(argv), self.dir / f"{name}.log", env)
+        self._spawn(name)
+        return self.components[name]
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The API server's audit events so far (``audit_policy`` given), one dict per request, in order."""
+        path = self.dir / "audit.log"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     # ----- faults -----------------------------------------------------------------------------------------
 
@@ -484,6 +506,14 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
 
+    def _audit_flags(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.dir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(self.audit_policy))
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.dir / 'audit.log'}",
+                "--audit-log-format=json", "--audit-log-mode=blocking"]
+
     def _define(self, etcd: str) -> None:
         d, b = self.dir, self.bin
         self.api_port = free_port()
@@ -514,13 +544,14 @@ class ControlPlane:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--authorization-mode=Node,RBAC", "--service-cluster-ip-range=10.96.0.0/24", "--profiling=false",
+            *self._audit_flags(),
         ])
         add("kube-controller-manager", [
             str(b / "kube-controller-manager"),
             f"--kubeconfig={d / 'system-kube-controller-manager.kubeconfig'}", "--secure-port=0",
             "--leader-elect=false", f"--service-account-private-key-file={d / 'sa.key'}",
             f"--root-ca-file={d / 'ca.crt'}", f"--controllers={CONTROLLERS}", "--node-monitor-period=2s",
-            f"--node-monitor-grace-period={self.node_monitor_grace_s}s", "--use-service-account-credentials=false",
+            f"--node-monitor-grace-period={self.node_monitor_grace_s}s", "--use-service-account-credentials=true",
         ])
         add("kube-scheduler", [
             str(b / "kube-scheduler"), f"--kubeconfig={d / 'system-kube-scheduler.kubeconfig'}",
