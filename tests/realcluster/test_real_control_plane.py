@@ -160,42 +160,45 @@ def test_the_operator_admits_the_examples_and_each_pod_runs_on_its_pinned_node(i
 
 
 def test_a_job_the_api_server_refuses_is_reported_at_once_without_a_post_storm(installed: Installed) -> None:
-    """A template the operator cannot foresee as invalid (a volume without a source): the API server's 422 is
-    in the task's Admitted condition and a Warning Event, and the Job create is not retried every cycle."""
+    """A template the operator does not foresee as invalid (dnsPolicy None without dnsConfig): the API server's
+    422 is in the task's Admitted condition and a Warning Event, and the Job create is not retried every cycle.
+    (A volume without a source, the emulator's 422 case, is no such template: the real server defaults it to
+    emptyDir.)"""
     task = {
         "apiVersion": "gputask.io/v1alpha1",
         "kind": "GPUTask",
-        "metadata": {"name": "bad-volume", "namespace": "default"},
+        "metadata": {"name": "bad-dns", "namespace": "default"},
         "spec": {
             "queueName": "default",
             "gpus": 1,
             "gpuMemory": "1Gi",
-            "template": {"spec": {"volumes": [{"name": "data"}],
+            "template": {"spec": {"dnsPolicy": "None",
                                   "containers": [{"name": "main", "image": "busybox:1.36"}]}},
         },
     }
     installed.cp.kubectl("create", "-f", "-", input=json.dumps(task))
 
     def rejected() -> tuple[str, str, str] | None:
-        admitted = condition(status(installed, "bad-volume"), "Admitted")
+        admitted = condition(status(installed, "bad-dns"), "Admitted")
         return (admitted["status"], admitted["reason"], admitted["message"]) if admitted.get(
             "reason") == "JobRejected" else None
 
-    state, reason, message = wait_for(rejected, 30, "bad-volume JobRejected")
+    state, reason, message = wait_for(rejected, 30, "bad-dns JobRejected")
     assert (state, reason) == ("False", "JobRejected")
     assert re.fullmatch(
-        r'the API server refused Job bad-volume-1: 422 Invalid: Job.batch "bad-volume-1" is invalid: '
-        r"spec.template.spec.volumes\[0\]: Required value: must specify a volume type; retried in \d+s \(attempt 1\)",
+        r'the API server refused Job bad-dns-1: 422 Invalid: Job.batch "bad-dns-1" is invalid: '
+        r"spec.template.spec.dnsConfig: Required value: must provide `dnsConfig` when `dnsPolicy` is None; "
+        r"retried in \d+s \(attempt 1\)",
         message,
     ), message
     time.sleep(3)  # six scheduling cycles: a storm would have posted again
     events = installed.kubectl("get", "events", "-n", "default", "--field-selector",
-                               "involvedObject.name=bad-volume,reason=JobRejected", "-o", "json")["items"]
+                               "involvedObject.name=bad-dns,reason=JobRejected", "-o", "json")["items"]
     assert ([(e["type"], e["reason"], e["message"]) for e in events],
-            job_creates(installed.cp, "bad-volume-1")) == (
-        [("Warning", "JobRejected", message)], [(OPERATOR_USER, "bad-volume-1", 422)]
+            job_creates(installed.cp, "bad-dns-1")) == (
+        [("Warning", "JobRejected", message)], [(OPERATOR_USER, "bad-dns-1", 422)]
     )
-    installed.cp.kubectl("delete", "gputasks.gputask.io", "bad-volume", "-n", "default", "--wait=false")
+    installed.cp.kubectl("delete", "gputasks.gputask.io", "bad-dns", "-n", "default", "--wait=false")
 
 
 def leader(installed: Installed) -> str | None:
