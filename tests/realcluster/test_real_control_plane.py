@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import EXAMPLES, NAMESPACE, REASON, REPO, Installed, wait_for
-from helmtool import find_helm, render
+from realstack import EXAMPLES, NAMESPACE, REASON, REPO, Installed, wait_for
 
 from gputask.testing.controlplane import ControlPlane
+from helmtool import find_helm, render
 
 pytestmark = [
     pytest.mark.realcluster,
