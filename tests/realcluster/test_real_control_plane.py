@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from realstack import EXAMPLES, NAMESPACE, REASON, REPO, Installed, wait_for
+from realstack import EXAMPLES, NAMESPACE, REASON, REPO, Installed, example_gpunodes, wait_for
 
-from gputask.testing.controlplane import ControlPlane
+from gputask.testing.controlplane import ControlPlane, ControlPlaneUnavailable
 from helmtool import find_helm, render
 
 pytestmark = [
@@ -250,3 +250,48 @@ def test_a_failed_node_is_tainted_and_its_task_is_placed_again_on_another_node(i
         "infer-whole Running again (attempt 2)",
     )
     assert (new_node != node, new_attempt, pod_node, phase) == (True, 2, new_node, "Running")
+    installed.cp.start_component(node)  # the node comes back (its agent too), for the tests after
+    installed.start_agent(node, example_gpunodes()[node])
+
+
+def test_after_the_api_server_restarts_the_operator_admits_again(installed: Installed) -> None:
+    """kube-apiserver stopped and started again (same etcd): the operator's watches reconnect and a task
+    submitted after runs on its pinned node."""
+    installed.cp.restart("kube-apiserver")
+    task = {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPUTask",
+        "metadata": {"name": "after-restart", "namespace": "default"},
+        "spec": {"queueName": "default", "gpus": 1, "gpuMemory": "2Gi",
+                 "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}},
+    }
+    installed.cp.kubectl("create", "-f", "-", input=json.dumps(task))
+    node, attempt, pod_node, phase = wait_for(lambda: running_on(installed, "after-restart"), 60,
+                                              "after-restart Running")
+    assert (attempt, pod_node, phase) == (1, node, "Running")
+
+
+def test_a_component_that_dies_at_start_is_named_with_its_log_and_nothing_is_left_running(tmp_path: Path) -> None:
+    """A hollow node given a bad flag exits at start: ControlPlaneUnavailable names it with its log, and every
+    process started before it is stopped."""
+    plane = ControlPlane(nodes=["bad-node"], node_capacity="not-a-resource-list", workdir=tmp_path / "cp")
+    with pytest.raises(ControlPlaneUnavailable) as raised:
+        plane.start()
+    started = [c.log.stem for c in plane.components.values() if c.log.is_file()]
+    assert (str(raised.value).splitlines()[0], started, processes_using(tmp_path / "cp")) == (
+        "bad-node exited with 2", ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                                   "bad-node"], []
+    )
+
+
+def processes_using(folder: Path) -> list[str]:
+    """Command lines of the running processes that name ``folder`` (their data, certificates, kubeconfigs)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # exited while listed
+            continue
+        if str(folder) in text:
+            found.append(text)
+    return found

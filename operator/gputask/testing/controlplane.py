@@ -147,6 +147,9 @@ def kube_binaries() -> Path:
             found.chmod(0o755)
             if found.parent != scratch:
                 found.rename(scratch / name)
+        for leftover in scratch.iterdir():  # folders of the archive, licence files: only the binaries are kept
+            if leftover.name not in BINARIES:
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         scratch.chmod(0o755)
         (scratch / ".verified").write_text(f"{TARBALL} {sums[TARBALL]}\n")
         shutil.rmtree(target, ignore_errors=True)
@@ -160,9 +163,10 @@ def missing_prerequisites() -> str | None:
     """Why a control plane cannot start here (no tarball, no etcd, no kubectl, no openssl), or None."""
     if not (cache_dir() / ".verified").is_file() and find_tarball() is None:
         return f"{TARBALL} not found beside the repository (shared/kube/) nor in $GPUTASK_KUBE_TARBALL"
-    for tool, hint in (("etcd", "apt-get install etcd-server"), ("kubectl", "kubectl"), ("openssl", "openssl")):
+    for tool, hint in (("etcd", "Debian: apt-get install etcd-server"), ("kubectl", "install kubectl"),
+                       ("openssl", "install openssl")):
         if shutil.which(tool) is None:
-            return f"{tool} is not on PATH (install {hint})"
+            return f"{tool} is not on PATH ({hint})"
     return None
 
 
@@ -263,7 +267,7 @@ class ControlPlane:
             self.bin = kube_binaries()
             etcd = shutil.which("etcd")
             if etcd is None:
-                raise ControlPlaneUnavailable("etcd is not on PATH (apt-get install etcd-server)")
+                raise ControlPlaneUnavailable("etcd is not on PATH (Debian: apt-get install etcd-server)")
             self._write_certificates()
             self._define(etcd)
             for name in ("etcd", "kube-apiserver"):
