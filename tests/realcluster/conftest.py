@@ -1,4 +1,4 @@
-"""One real control plane per test session, with gputask installed on it as the chart installs it.
+"""One real control plane for this package's tests, with gputask installed on it as the chart installs it.
 
 The control plane (:mod:`gputask.testing.controlplane`): etcd, kube-apiserver v1.28.7,
 kube-controller-manager (node lifecycle controller, 20 s grace), kube-scheduler and four kubemark hollow
@@ -22,7 +22,10 @@ from typing import Any
 
 import pytest
 import yaml
-from realstack import (
+
+from gputask.testing.controlplane import ControlPlane, ControlPlaneUnavailable
+from helmtool import find_helm, render
+from realcluster.realstack import (
     AUDIT_POLICY,
     CONFIG_OVERRIDES,
     NAMESPACE,
@@ -33,11 +36,8 @@ from realstack import (
     example_gpunodes,
 )
 
-from gputask.testing.controlplane import ControlPlane, ControlPlaneUnavailable
-from helmtool import find_helm, render
 
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def control_plane() -> Iterator[ControlPlane]:
     """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and four hollow nodes, for the session."""
     if REASON is not None:
@@ -56,7 +56,7 @@ def control_plane() -> Iterator[ControlPlane]:
         plane.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def crds(control_plane: ControlPlane) -> list[dict[str, Any]]:
     """``kubectl apply -f crds/`` (the API server's structural, CEL and cost checks), waited until Established;
     returns the stored CRDs."""
@@ -67,7 +67,7 @@ def crds(control_plane: ControlPlane) -> list[dict[str, Any]]:
     return [json.loads(control_plane.kubectl("get", "crd", n, "-o", "json").stdout) for n in names]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def installed(control_plane: ControlPlane, crds: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[Installed]:
     """gputask as the chart installs it: its RBAC and ServiceAccounts, a node agent per hollow node and two

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
-from realstack import EXAMPLES, NAMESPACE, REASON, REPO, Installed, example_gpunodes, wait_for
 
 from gputask.testing.controlplane import ControlPlane, ControlPlaneUnavailable
 from helmtool import find_helm, render
+from realcluster.realstack import EXAMPLES, NAMESPACE, REASON, REPO, Installed, example_gpunodes, wait_for
 
 pytestmark = [
     pytest.mark.realcluster,
