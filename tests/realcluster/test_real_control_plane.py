@@ -139,8 +139,8 @@ def test_the_chart_renders_and_the_api_server_accepts_it(control_plane: ControlP
 
 def test_the_operator_admits_the_examples_and_each_pod_runs_on_its_pinned_node(installed: Installed) -> None:
     """With the agents' GPUNodes in place, the examples' queue and tasks applied: the operator (the chart's
-    ServiceAccount) creates each Job, kube-scheduler binds its pod to the node the task was placed on, and
-    the hollow kubelet runs it."""
+    ServiceAccount) creates each Job, kube-scheduler binds its pod to the node the task was placed on, the
+    hollow kubelet runs it, and its container names the placed GPUs (NVIDIA_VISIBLE_DEVICES)."""
     def gpunodes_reported() -> list[str]:
         listed = installed.kubectl("get", "gpunodes.gputask.io", "-o", "json")["items"]
         return sorted(n["metadata"]["name"] for n in listed if (n.get("status") or {}).get("gpus"))
@@ -153,6 +153,15 @@ def test_the_operator_admits_the_examples_and_each_pod_runs_on_its_pinned_node(i
     assert {t: (node, attempt, phase) for t, (node, attempt, _, phase) in placed.items()} == {
         t: (placed[t][2], 1, "Running") for t in EXAMPLE_TASKS
     }
+    def visible_devices(task: str) -> tuple[str, str]:
+        """(the pod's NVIDIA_VISIBLE_DEVICES, the placed GPUs' UUIDs joined) of a task."""
+        found = status(installed, task)
+        pod = next(p for p in pods_of(installed, found["jobName"]) if p["status"].get("phase") == "Running")
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env") or []}
+        return env.get("NVIDIA_VISIBLE_DEVICES", ""), ",".join(g["uuid"] for g in found["placement"]["gpus"])
+
+    pinned = {t: visible_devices(t) for t in EXAMPLE_TASKS}
+    assert {t: devices for t, (devices, _) in pinned.items()} == {t: uuids for t, (_, uuids) in pinned.items()}
     jobs = {status(installed, t)["jobName"] for t in EXAMPLE_TASKS}
     assert sorted(c for c in job_creates(installed.cp) if c[1] in jobs) == sorted(
         (OPERATOR_USER, job, 201) for job in jobs
