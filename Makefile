@@ -13,7 +13,7 @@ HELM ?= $(abspath $(TOOLS))/bin/helm
 export HELM
 
 .DEFAULT_GOAL := help
-.PHONY: help install helm test demo demo-keep bench bench-speed bench-e2e chaos-e2e lint e2e clean
+.PHONY: help install helm test demo demo-keep bench bench-speed bench-e2e bench-e2e-real chaos-e2e lint e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -49,6 +49,10 @@ bench-speed: $(STAMP) ## Placements/s on one core: trace cluster and a 5,000-nod
 
 bench-e2e: $(STAMP) ## A 2,000-task burst against the real operator, emulator and operator in their own processes; restart after
 	$(PY) bench/e2e_burst.py --tasks 2000 --nodes 100 --clients 8 --restart --out bench/results/e2e_burst.json
+
+bench-e2e-real: $(STAMP) $(TOOLS)/bin/helm ## The same burst on a real control plane, 10 hollow nodes: every pod bound and Running
+	$(PY) bench/e2e_burst.py --real --tasks 2000 --nodes 10 --clients 8 --timeout 600 \
+		--out bench/results/e2e_burst_real.json
 
 chaos-e2e: $(STAMP) ## Faults on two real operator processes (kill, pause, 500s, 409s, GPUNode gone): 300 tasks, 8 nodes, 20 faults
 	$(PY) tests/chaos_e2e.py --tasks 300 --nodes 8 --faults 20 --seed 1
