@@ -5,6 +5,7 @@ Usage::
 
     python bench/e2e_burst.py [--tasks 2000] [--nodes 100] [--clients 8] [--out bench/results/e2e_burst.json]
                               [--pods] [--churn N]
+    python bench/e2e_burst.py --real [--tasks 2000] [--nodes 10] [--job-syncs 50] [--workdir DIR]
 
 Three processes, as in a cluster: the API emulator (``gputask.testing.EmulatorServer``, serving over
 loopback HTTP with its request records bounded, so each request costs the same however many came before),
@@ -18,6 +19,16 @@ Running, from 4 threads; ``--churn N`` adds N lifecycles of unrelated pods durin
 node, Running, Succeeded, deleted; 2 threads), the cluster's other work the operator also watches. With either, the
 CPU figures are read once the pods are all written and the operator has gone quiet (under a tenth of a core for
 2 s), so they include its work for every pod event.
+
+With ``--real`` the API is a real control plane (:class:`gputask.testing.controlplane.ControlPlane`: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler v1.28.7 and ``--nodes`` kubemark hollow nodes, each holding
+enough pods), gputask installed as the chart installs it (CRDs, the chart's RBAC; the operator runs as its
+ServiceAccount) and a ``gputask agent --fake-gpus`` per node reporting enough A100s for every quarter-GPU task (5%
+spare). The Job controller makes each Job's pod, kube-scheduler binds it to the pinned node and the hollow kubelet
+runs it; the driver waits until every task's pod is Running and adds create-to-Running p50/p99, the API server's
+CPU (seconds, milliseconds per task, share of a core over the window) and every component's CPU seconds. The
+controller-manager and scheduler get a client QPS of 100 (burst 200) and the Job controller ``--job-syncs``
+workers (defaults 20, 50 and 5: below a 2,000-pod burst).
 
 Reports: the API's accept rate (creates / time from the first create sent to the last answered), the
 operator's Jobs/s (Jobs / time from the first create sent to the last Job seen), their ratio, the
