@@ -478,7 +478,8 @@ def wait_gpunodes(api: Any, names: list[str], timeout_s: float = 120.0) -> None:
     custom = k8s.CustomObjectsApi(api)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        listed = custom.list_cluster_custom_object("gputask.io", "v1alpha1", "gpunodes")["items"]
+        listed: list[dict[str, Any]] = custom.list_cluster_custom_object(  # type: ignore[index]
+            "gputask.io", "v1alpha1", "gpunodes")["items"]
         if {n["metadata"]["name"] for n in listed if (n.get("status") or {}).get("gpus")} >= set(names):
             return
         time.sleep(0.5)
@@ -499,7 +500,7 @@ def main_real(args: argparse.Namespace) -> int:
         free_port,
         missing_prerequisites,
     )
-    from helmtool import find_helm, render  # type: ignore[import-not-found]
+    from helmtool import find_helm, render
 
     reason = missing_prerequisites() or (None if find_helm() else "helm not found (make helm)")
     if reason:
@@ -570,9 +571,9 @@ def main_real(args: argparse.Namespace) -> int:
         after = cpu_split(operator.pid)
         figures["loadAverage1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
                                     "maxDuring": round(max(loads, default=load_before), 2)}
-        listed = k8s.CustomObjectsApi(api).list_namespaced_custom_object("gputask.io", "v1alpha1", "default",
-                                                                         "gputasks")["items"]
-        figures["tasksAdmittedMoreThanOnce"] = sum((t.get("status") or {}).get("attempt", 0) > 1 for t in listed)
+        tasks: list[dict[str, Any]] = k8s.CustomObjectsApi(api).list_namespaced_custom_object(  # type: ignore[index]
+            "gputask.io", "v1alpha1", "default", "gputasks")["items"]
+        figures["tasksAdmittedMoreThanOnce"] = sum((t.get("status") or {}).get("attempt", 0) > 1 for t in tasks)
         figures["operator"] = {"cpuMsPerTask": round(1000 * used["operator"] / args.tasks, 2),
                                "userSeconds": round(after[0] - split[0], 1),
                                "systemSeconds": round(after[1] - split[1], 1)}
