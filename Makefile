@@ -13,7 +13,7 @@ HELM ?= $(abspath $(TOOLS))/bin/helm
 export HELM
 
 .DEFAULT_GOAL := help
-.PHONY: help install helm test demo demo-keep bench bench-speed bench-e2e bench-e2e-real chaos-e2e lint e2e clean
+.PHONY: help install helm test demo demo-keep bench bench-speed bench-e2e chaos-e2e lint e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,7 @@ bench-speed: $(STAMP) ## Placements/s on one core: trace cluster and a 5,000-nod
 bench-e2e: $(STAMP) ## A 2,000-task burst against the real operator, emulator and operator in their own processes; restart after
 	$(PY) bench/e2e_burst.py --tasks 2000 --nodes 100 --clients 8 --restart --out bench/results/e2e_burst.json
 
+.PHONY: bench-e2e-real
 bench-e2e-real: $(STAMP) $(TOOLS)/bin/helm ## The same burst on a real control plane, 10 hollow nodes: every pod bound and Running
 	$(PY) bench/e2e_burst.py --real --tasks 2000 --nodes 10 --clients 8 --timeout 600 \
 		--out bench/results/e2e_burst_real.json
