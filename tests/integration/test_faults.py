@@ -382,5 +382,9 @@ async def test_a_pod_the_taint_manager_evicted_requeues_its_task(cluster: Cluste
         await cluster.client.patch(JOBS, "t-1", failed, "default", status=True)
         assert await eventually(lambda: job_exists(cluster, "t-2"))
         status = (await cluster.task("t"))["status"]
-        assert (status["phase"], status["reschedules"], await evicted_reason(cluster, "t")) == (
-            "Admitted", 1, "DeletionByTaintManager")
+        evicted = next(c for c in status["conditions"] if c["type"] == "Evicted")
+        # Re-admitted: Evicted is False again and says what it was (QuotaReserved, "Previously: ...").
+        assert (status["phase"], status["reschedules"], evicted["status"], evicted["reason"],
+                evicted["message"].startswith("Previously: pod t-1-abcde of Job t-1 was disrupted by the system "
+                                              "(DeletionByTaintManager")) == (
+            "Admitted", 1, "False", "QuotaReserved", True)

@@ -217,11 +217,16 @@ class ControlPlane:
     ``audit_policy``: an ``audit.k8s.io/v1`` Policy; the API server then writes ``workdir/audit.log``
     (JSON lines, read with :meth:`audit_events`), e.g. to count the requests a component made.
     Raises ControlPlaneUnavailable from :meth:`start` when something is missing or does not come up.
+
+    ``max_pods``: each hollow node's ``--max-pods``. ``extra_args``: component name -> flags appended to its
+    command line (a later flag overrides an earlier one), e.g. a benchmark's client QPS for the scheduler.
     """
 
     nodes: int | Sequence[str] = 3
     node_labels: dict[str, str] = field(default_factory=dict)
     node_monitor_grace_s: int = 20
+    max_pods: int = 110
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
     node_capacity: str = "cpu=16,memory=64Gi"
     workdir: Path | None = None
     audit_policy: dict[str, Any] | None = None
@@ -570,13 +575,15 @@ class ControlPlane:
             argv = [
                 str(b / "kubemark"), "--morph=kubelet", f"--name={node}",
                 f"--kubeconfig={d / ('system-node-' + node + '.kubeconfig')}", f"--kubelet-port={free_port()}",
-                "--kubelet-read-only-port=0", "--use-host-image-service=false", "--max-pods=110",
+                "--kubelet-read-only-port=0", "--use-host-image-service=false", f"--max-pods={self.max_pods}",
                 f"--extended-resources={self.node_capacity}",
             ]
             if labels:
                 argv.append(f"--node-labels={labels}")
             env = {"TMPDIR": str(node_dir), "PATH": str(empty_path), "HOME": str(node_dir)}
             add(node, argv, env)
+        for name, flags in self.extra_args.items():
+            self.components[name].argv.extend(flags)
 
 
 @contextlib.contextmanager
