@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import socket
 import tarfile
 from pathlib import Path
 
@@ -97,3 +98,27 @@ def test_without_etcd_the_reason_to_skip_says_how_to_install_it(
     monkeypatch.setenv("GPUTASK_KUBE_TARBALL", str(fake_release(tmp_path / "kube")))
     monkeypatch.setattr(controlplane.shutil, "which", lambda tool: None if tool == "etcd" else f"/usr/bin/{tool}")
     assert controlplane.missing_prerequisites() == "etcd is not on PATH (Debian: apt-get install etcd-server)"
+
+
+def test_free_ports_are_below_the_ephemeral_range_distinct_and_not_listened_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port hands out ports below Linux's ephemeral range (where outgoing connections cannot take them),
+    never the same one twice, and skips a port someone listens on."""
+    monkeypatch.setattr(controlplane, "_PORT_RANGE", (20000, 20004))
+    monkeypatch.setattr(controlplane, "_handed_out", set())
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy = next(p for p in range(20000, 20004) if _bindable(taken, p))
+        taken.listen()
+        ports = sorted(controlplane.free_port() for _ in range(3))
+        with pytest.raises(OSError, match="no free TCP port"):
+            controlplane.free_port()
+    assert ports == sorted(set(range(20000, 20004)) - {busy})
+
+
+def _bindable(sock: socket.socket, port: int) -> bool:
+    """Bind ``sock`` to ``port`` on 127.0.0.1; False when it is taken."""
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True

@@ -170,11 +170,31 @@ def missing_prerequisites() -> str | None:
     return None
 
 
+# Listening ports come from below Linux's default ephemeral range (32768-60999): a port the kernel hands out
+# for port 0 is from that range, so the outgoing connections of a burst (thousands of them) could take it
+# between our pick and the component's bind ("address already in use").
+_PORT_RANGE = (20000, 32000)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 nobody listens on now, below the ephemeral range, never the same twice in a process.
+
+    Raises ``OSError`` when no port of the range can be bound."""
+    low, high = _PORT_RANGE
+    start = low + secrets.randbelow(high - low)
+    for offset in range(high - low):
+        port = low + (start - low + offset) % (high - low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise OSError(f"no free TCP port on 127.0.0.1 in {low}-{high}")
 
 
 def _die_with_parent() -> None:
