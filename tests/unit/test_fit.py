@@ -349,6 +349,19 @@ def test_a_taint_or_a_cordon_stops_new_placements_at_the_next_cycle() -> None:
     assert set(s.running) == {task("first").key, tolerant.key}
 
 
+def test_a_node_condition_taint_makes_a_task_wait_not_inadmissible() -> None:
+    """A new or NotReady node's taint (node.kubernetes.io/not-ready, added and removed by Kubernetes with the
+    node's condition) refuses the node now, but never makes a task Inadmissible ('could ever'); once it is
+    lifted the task is admitted."""
+    s = one_queue(host(node("a", 24), taints=(Taint("node.kubernetes.io/not-ready", "", "NoSchedule"),)))
+    t = task("t")
+    s.submit(t)
+    assert s.cycle(0.0) == [Pending(t, "NoFit", "0/1 nodes fit: 1 had untolerated taint "
+                                    "{node.kubernetes.io/not-ready: }")]
+    s.set_node(node("a", 24))
+    assert [type(d).__name__ for d in s.cycle(1.0)] == ["Admit"]
+
+
 def test_match_fields_on_the_node_name_are_not_shared_between_identical_nodes() -> None:
     """Identical nodes share evaluations; a term on metadata.name must still tell them apart."""
     s = one_queue(node("a", 24), node("b", 24))

@@ -198,19 +198,29 @@ def share_group_text(group: str) -> str:
     return f"{what} in {namespace}" if namespace else what
 
 
+NODE_CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
+"""Taints Kubernetes itself puts on a node while a condition holds (``not-ready``, ``unreachable``,
+``unschedulable``, ``memory-pressure``, ``disk-pressure``, ``pid-pressure``, ``network-unavailable``, a new node's
+start-up ``not-ready``) and takes off when it clears: never a reason a task could *never* fit."""
+
+
 def refusals(state: NodeState, task: Task, *, ever: bool = False) -> list[Refusal]:
     """Why ``state`` cannot take ``task`` now, as kube-scheduler reports it: the first filter that
     refuses, in its order (NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit, then
     GPUs), NodeResourcesFit naming every insufficient resource. Empty when the node fits.
 
-    With ``ever``, judged on the node as if empty and schedulable: what no wait can change.
+    With ``ever``, judged on the node as if empty, schedulable and free of the taints of node conditions
+    (:data:`NODE_CONDITION_TAINT_PREFIX`): what no wait can change.
     """
     node = state.node
     if not node.schedulable and not ever:
         why = node.unschedulable_reason
         return [Refusal(Filter.NODE_UNSCHEDULABLE, f"unschedulable ({why})" if why else "unschedulable")]
-    if node.taints or task.constraints is not None:
-        static = static_refusal(task.constraints, node.labels, node.taints, node.name)
+    taints = node.taints
+    if ever and taints:  # the node lifecycle controller and the kubelet add and remove these with conditions
+        taints = tuple(t for t in taints if not t.key.startswith(NODE_CONDITION_TAINT_PREFIX))
+    if taints or task.constraints is not None:
+        static = static_refusal(task.constraints, node.labels, taints, node.name)
         if static is not None:
             return [static]
     free = (
