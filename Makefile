@@ -59,7 +59,7 @@ bench-speed: trace-check $(STAMP) ## Placements/s on one core: trace cluster and
 bench-e2e: $(STAMP) ## A 2,000-task burst against the real operator, emulator and operator in their own processes; restart after
 	$(PY) bench/e2e_burst.py --tasks 2000 --nodes 100 --clients 8 --restart --out bench/results/e2e_burst.json
 
-chaos-e2e: $(STAMP) ## Faults on two real operator processes (kill, pause, 500s, 409s, GPUNode gone): 300 tasks, 8 nodes, 20 faults
+chaos-e2e: $(STAMP) ## Faults on two real operator processes (kill, pause, 500s, 409s, lost answers, GPUNode gone): 300 tasks, 8 nodes, 20 faults
 	$(PY) tests/chaos_e2e.py --tasks 300 --nodes 8 --faults 20 --seed 1
 
 lint: $(STAMP) ## ruff and mypy (strict on the core)

@@ -5,7 +5,8 @@ nodes while this process plays the kubelet (a Job's pod runs, then its Job compl
 the faults an operator meets: the leader killed (SIGKILL), the leader paused past its Lease and
 resumed (SIGSTOP, SIGCONT), 500s on Job creates and deletes, 409s on status writes, a GPUNode
 deleted and written again, Jobs completing while nobody leads, 503s on Lease renewals past the
-renew deadline. From API state alone it checks, every second
+renew deadline, Job creates and deletes and status writes served with their answer lost (the connection
+dropped, as by an API server killed between etcd and its answer). From API state alone it checks, every second
 and after each fault:
 
 - no GPU holds more MiB than it has (placement annotations of every unfinished Job, terminating
@@ -58,7 +59,7 @@ from gputask.testing import EmulatorServer
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_MIB = 24576
-FAULTS = ("kill", "pause", "job-500", "status-409", "gpunode", "kill-while-completing", "lease-503")
+FAULTS = ("kill", "pause", "job-500", "status-409", "gpunode", "kill-while-completing", "lease-503", "lost-answer")
 
 
 @dataclass
@@ -320,6 +321,11 @@ class Run:
         """Inject one fault; what was done (a fault on the leader when none leads says so)."""
         leader = await self._leader()
         emulator = self.server.emulator
+        waited = 0.0
+        while kind in ("kill", "kill-while-completing", "pause") and leader is None and waited < 4 * self.s.lease_s:
+            await asyncio.sleep(self.s.retry_s)  # a slow machine: the replicas may not have elected one yet
+            waited += self.s.retry_s
+            leader = await self._leader()
         if kind in ("kill", "kill-while-completing", "pause") and leader is None:
             return f"{kind} (skipped: no leader)"
         if kind in ("kill", "kill-while-completing") and leader is not None:
@@ -339,6 +345,10 @@ class Run:
         elif kind == "job-500":
             emulator.inject("POST", "/jobs", 500, times=3, message="etcdserver: request timed out")
             emulator.inject("DELETE", "/jobs/", 500, times=2, message="etcdserver: request timed out")
+        elif kind == "lost-answer":  # served, then the connection dropped: the API server killed before answering
+            emulator.inject("POST", "/jobs", served=True, times=3)
+            emulator.inject("DELETE", "/jobs/", served=True, times=2)
+            emulator.inject("PATCH", "/gputasks/", served=True, times=2)
         elif kind == "status-409":
             emulator.inject("PATCH", "/gputasks/", 409, times=5, message="the object has been modified")
         elif kind == "lease-503":  # the leader cannot renew past its deadline: it steps down, then leads again

@@ -553,13 +553,15 @@ def test_leader_election_role_is_limited_to_the_configured_lease(helm: str) -> N
 
 
 def test_rbac_check_fails_when_a_template_drops_a_verb(helm: str, chart_copy: Path) -> None:
-    """A chart copy whose operator ClusterRole lost `delete` on Jobs fails the RBAC check, naming the verb."""
+    """A chart copy whose operator ClusterRole lost `patch` on Jobs (relabel's write) fails the RBAC check, naming
+    the verb."""
     template = chart_copy / "templates" / "rbac" / "operator-clusterrole.yaml"
     text = template.read_text()
-    assert "verbs: [get, list, watch, create, delete]" in text
-    template.write_text(text.replace("verbs: [get, list, watch, create, delete]", "verbs: [get, list, watch, create]"))
+    assert "verbs: [get, list, watch, create, patch, delete]" in text
+    template.write_text(text.replace("verbs: [get, list, watch, create, patch, delete]",
+                                     "verbs: [get, list, watch, create, delete]"))
     assert rbac_problems(helmtool.render(helm, chart=chart_copy)) == [
-        "ClusterRole gputask-operator is missing batch/jobs delete"
+        "ClusterRole gputask-operator is missing batch/jobs patch"
     ]
 
 

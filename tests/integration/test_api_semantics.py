@@ -27,6 +27,7 @@ from gputask.k8s.client import (
     KubeClient,
     Listed,
     NotFound,
+    Unanswered,
 )
 from gputask.k8s.informer import Informer
 from gputask.k8s.leader import LeaderElector
@@ -406,19 +407,19 @@ HTML_502 = b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n
      (ApiError, "ServerTimeout", "The POST operation against jobs.batch could not be completed at this time, please "
       "try again.", 2.0, ())),
     (502, "Bad Gateway", HTML_502, "GET", None,
-     (ApiError, "InternalError", "an error on the server has prevented the request from succeeding; 502 Bad Gateway "
+     (Unanswered, "InternalError", "an error on the server has prevented the request from succeeding; 502 Bad Gateway "
       "with a body that is no Status: 502 Bad Gateway 502 Bad Gateway nginx", None, ())),
     (503, "Service Unavailable", b"<html><body>no healthy upstream</body></html>", "GET", None,
-     (ApiError, "ServiceUnavailable", "the server is currently unable to handle the request; 503 Service "
+     (Unanswered, "ServiceUnavailable", "the server is currently unable to handle the request; 503 Service "
       "Unavailable with a body that is no Status: no healthy upstream", None, ())),
     (504, "Gateway Timeout", status_body(504, "Timeout", "Timeout: request did not complete within requested "
                                          "timeout - context deadline exceeded"), "GET", None,
-     (ApiError, "Timeout", "Timeout: request did not complete within requested timeout - context deadline exceeded",
+     (Unanswered, "Timeout", "Timeout: request did not complete within requested timeout - context deadline exceeded",
       None, ())),
     (503, "Service Unavailable", b"", "GET", None,
-     (ApiError, "ServiceUnavailable", "the server is currently unable to handle the request", None, ())),
+     (Unanswered, "ServiceUnavailable", "the server is currently unable to handle the request", None, ())),
     (500, "Internal Server Error", b"\xff\xfe[1, 2]", "GET", None,
-     (ApiError, "InternalError", "an error on the server has prevented the request from succeeding; 500 Internal "
+     (Unanswered, "InternalError", "an error on the server has prevented the request from succeeding; 500 Internal "
       "Server Error with a body that is no Status: \ufffd\ufffd[1, 2]", None, ())),
     (413, "Request Entity Too Large", b'["not", "a", "status"]', "POST", None,
      (ApiError, "RequestEntityTooLarge", 'the request body is larger than the server accepts; 413 Request Entity Too '
@@ -430,7 +431,8 @@ def test_every_error_answer_is_an_api_error_with_a_clear_message(
 ) -> None:
     """Status bodies give their reason, message, causes and retryAfterSeconds; anything else (a load balancer's
     HTML, APF's text, JSON of another shape, bytes that are no UTF-8) gives client-go's reason and message for the
-    code and the start of the body; nothing raises."""
+    code and the start of the body; nothing raises. A 5xx that is no Status, and a 504 Timeout, are Unanswered: the
+    request may have been served."""
     error = client_module._error(status, http_reason, body, method, retry_after)
     assert (type(error), error.reason, error.message, error.retry_after_s, error.causes) == expected
 

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from gputask.config import Config
-from gputask.k8s.client import EVENTS, GPUNODES, GPUTASKS, JOBS, LEASES, NODES, ApiError, KubeClient, NotFound
+from gputask.k8s.client import EVENTS, GPUNODES, GPUTASKS, JOBS, LEASES, NODES, PODS, ApiError, KubeClient, NotFound
 from gputask.k8s.main import build_operator, run_operator
 from harness import Cluster, eventually, gpunode, gputask, running_operator
 
@@ -324,3 +324,63 @@ async def test_a_gap_in_the_task_watch_is_closed_by_listing_again(cluster: Clust
 
         assert await eventually(settled, timeout_s=30)
         assert (op.informers["tasks"].relists, op.controller.scheduler.violations()) == (1, [])
+
+
+async def admitted_reason(cluster: Cluster, name: str) -> tuple[str | None, str | None, str | None]:
+    """(phase, jobName, the Admitted condition's reason) of a task's stored status."""
+    status = (await cluster.task(name)).get("status") or {}
+    found = [c["reason"] for c in status.get("conditions") or [] if c["type"] == "Admitted"]
+    return status.get("phase"), status.get("jobName"), found[0] if found else None
+
+
+async def test_a_job_create_served_but_unanswered_is_adopted_and_never_double_books(cluster: Cluster) -> None:
+    """The API server serves a Job POST and drops the connection before answering (as when it is killed between
+    etcd and the answer): the task keeps its 20 GiB of the 24 GiB GPU until a read finds its Job, then is Admitted
+    with it; a second 20 GiB task waits NoFit and never gets a Job beside it."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    cluster.server.emulator.inject("POST", "/jobs", served=True)
+    async with running_operator(cluster, Config(cycleInterval=0.2)):
+        await cluster.submit(gputask("t", gpuMemory="20Gi"))
+        assert await eventually(lambda: job_exists(cluster, "t-1"))
+        await cluster.submit(gputask("u", gpuMemory="20Gi"))
+
+        async def settled() -> tuple[Any, ...] | None:
+            seen = (await admitted_reason(cluster, "t"), (await admitted_reason(cluster, "u"))[2])
+            return seen if seen[0][0] == "Admitted" and seen[1] == "NoFit" else None
+
+        assert await eventually(settled, timeout_s=10) == (("Admitted", "t-1", "Admitted"), "NoFit")
+        await asyncio.sleep(1.0)  # several cycles later
+        assert (await job_exists(cluster, "u-1"), [a.status for a in cluster.server.emulator.answers
+                                                    if a.method == "POST" and a.path.endswith("/jobs")]) == (False, [0])
+
+
+async def test_a_pod_the_taint_manager_evicted_requeues_its_task(cluster: Cluster) -> None:
+    """The pod of a task's Job gets DisruptionTarget (DeletionByTaintManager) and the Job fails: through the
+    operator's informers the task is evicted with that reason and admitted again with a new Job, not Failed."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, Config(cycleInterval=0.2)):
+        await cluster.submit(gputask("t", gpuMemory="4Gi"))
+        assert await eventually(lambda: job_exists(cluster, "t-1"))
+        job = await cluster.client.get(JOBS, "t-1", "default")
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "t-1", "uid": job["metadata"]["uid"],
+                 "controller": True}
+        template = job["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "t-1-abcde", "namespace": "default", "labels": template["metadata"]["labels"],
+            "ownerReferences": [owner]}, "spec": {**template["spec"], "nodeName": "node-a"}}
+        await cluster.client.create(PODS, pod, "default")
+        disrupted = {"status": {"phase": "Failed", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+             "message": "Taint manager: deleting due to NoExecute taint"}]}}
+        await cluster.client.patch(PODS, "t-1-abcde", disrupted, "default", status=True)
+        await cluster.client.delete(PODS, "t-1-abcde", "default")
+        await asyncio.sleep(0.5)  # the Job controller marks the Job failed after the pod is gone
+        failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                             "message": "Job has reached the specified backoff limit"}]}}
+        await cluster.client.patch(JOBS, "t-1", failed, "default", status=True)
+        assert await eventually(lambda: job_exists(cluster, "t-2"))
+        status = (await cluster.task("t"))["status"]
+        assert (status["phase"], status["reschedules"], await evicted_reason(cluster, "t")) == (
+            "Admitted", 1, "DeletionByTaintManager")

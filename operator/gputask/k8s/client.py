@@ -13,6 +13,9 @@ Errors::
     ├── Expired              410: a watch's resourceVersion is older than the server keeps (list again)
     ├── AlreadyExists        409 on create: an object of that name exists
     ├── Conflict             409 on update: the resourceVersion was stale
+    ├── Unanswered           sent, but its answer was lost (connection reset, server disconnected, timeout, a 5xx
+    │                        that is no Status, a 504 Timeout): a write may have been served, so its caller finds
+    │                        out (a GET) before it believes either outcome
     └── Fenced               not sent: the guard (leadership) said no just before sending
 
 Writes carry ``fieldManager`` (``gputask-operator``, ``gputask-agent``) and the client sends a
@@ -92,6 +95,13 @@ class Conflict(ApiError):
 class Expired(ApiError):
     """410 Gone / Expired: a watch (or a LIST's continue token) asked for a resourceVersion older than the
     server's event window; only a new LIST can say what changed since."""
+
+
+class Unanswered(ApiError):
+    """A request that was sent but whose answer was lost (``status`` 0: connection reset, server disconnected,
+    timeout; or a 5xx whose body is no Kubernetes Status, from a proxy or a dying server): the server may have
+    served it. A write failing so is neither done nor refused until a read says which (the issue "nothing lost
+    when the API server drops an answer")."""
 
 
 class Fenced(ApiError):
@@ -405,10 +415,10 @@ class KubeClient:
                 # served, so it fails (its caller knows whether sending it again is safe).
                 attempt += 1
                 if method != "GET" or attempt > self._retries:
-                    raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from None
+                    raise Unanswered(0, "Unreachable", str(exc) or type(exc).__name__) from None
                 continue
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from None
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:  # sent (maybe), no answer read
+                raise Unanswered(0, "Unreachable", str(exc) or type(exc).__name__) from None
             if status == 401 and not renewed:  # the token may have rotated: ask the hook now
                 renewed = True
                 if self._auth(fresh=True) != auth:
@@ -676,7 +686,8 @@ def _error(status: int, http_reason: str, body: Any, method: str, retry_after: s
         detail = json.loads(raw or b"null")
     except (TypeError, ValueError):
         detail = None
-    if isinstance(detail, dict) and (detail.get("kind") == "Status" or isinstance(detail.get("code"), int)):
+    is_status = isinstance(detail, dict) and (detail.get("kind") == "Status" or isinstance(detail.get("code"), int))
+    if isinstance(detail, dict) and is_status:
         reason = str(detail.get("reason") or GENERIC_REASONS.get(status, (http_reason,))[0] or http_reason)
         message = str(detail.get("message") or "")
         found = detail.get("details")
@@ -701,4 +712,8 @@ def _error(status: int, http_reason: str, body: Any, method: str, retry_after: s
     if status == 409:
         cls = AlreadyExists if method == "POST" or reason == "AlreadyExists" else Conflict
         return cls(status, reason, message, retry_after_s=wait, causes=causes)
+    if (status >= 500 and not is_status) or (status == 504 and reason == "Timeout"):
+        # a 5xx that is no Status (a proxy's 502/504, a server dying mid-answer), or the API server's own 504 Timeout
+        # (its timeout filter answers while the handler goes on and may still commit): it may have been served
+        return Unanswered(status, reason, message, retry_after_s=wait, causes=causes)
     return ApiError(status, reason, message, retry_after_s=wait, causes=causes)

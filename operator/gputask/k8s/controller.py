@@ -7,10 +7,18 @@ that started) is queued in :attr:`Controller.outbox` for the scheduling loop to 
 Nodes, GPUNodes, GPUClusterQueues, PriorityClasses and Namespaces (:meth:`Controller.rebuild`),
 which is what a restarted (or newly elected) operator does before it admits anything.
 
-A Job that is going away (being deleted, or the Job of a task that no longer claims it) keeps its
-GPUs reserved in the core under :func:`holding_key` until it is gone and so are its pods bound to a node
-(:mod:`gputask.k8s.lingering`: pods on an unreachable node outlive their Job), so neither a requeued task
-nor a restart can double-book them.
+A live Job of ours always holds its GPUs in the books: the current Job of a placed task through the task's
+booking, one being created through the booking of the admission that sends it (``TaskRecord.creating``), and
+any other (being deleted, the Job of a task that no longer claims it, or one whose create answer was lost while
+its task waits) under :func:`holding_key` until it is gone and so are its pods bound to a node
+(:mod:`gputask.k8s.lingering`: pods on an unreachable node outlive their Job), so neither a requeued task nor a
+restart can double-book them. A Job that finished while its task did not know (attempt newer than the task's)
+finishes the task: it is never run again.
+
+A pod of ours that the system disrupted (its ``DisruptionTarget`` condition: the taint manager, node-pressure
+eviction by the kubelet, preemption by kube-scheduler, the Eviction API, pod garbage collection) makes its Job's
+failure a disruption, not the workload's: the task is evicted under that reason (counted against maxReschedules)
+and requeued instead of failing.
 """
 
 from __future__ import annotations
@@ -64,6 +72,16 @@ PODS_NOT_STARTING = "PodsNotStarting"
 PLACEMENT_CONFLICT = "PlacementConflict"
 STARTED_POD_PHASES = ("Running", "Succeeded", "Failed")
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+DISRUPTION_TARGET = "DisruptionTarget"
+# The DisruptionTarget reasons of pods the system, not the workload, ended (k8s.io/api/core/v1: PodReason*;
+# pod garbage collection's DeletionByPodGC too): their Job's failure requeues the task.
+SYSTEM_DISRUPTIONS = (
+    "DeletionByTaintManager",  # a NoExecute taint the pod does not tolerate (the taint manager)
+    "TerminationByKubelet",  # node-pressure eviction, or a graceful node shutdown
+    "PreemptionByScheduler",  # kube-scheduler preempted it for a higher-priority pod
+    "EvictionByEvictionAPI",  # the Eviction API (kubectl drain, the cluster autoscaler)
+    "DeletionByPodGC",  # its node is gone (pod garbage collection)
+)
 
 
 @dataclass(slots=True)
@@ -80,6 +98,7 @@ class JobRecord:
     created: str = ""  # metadata.creationTimestamp (RFC 3339 sorts as time)
     flavor: str = ""  # the ResourceFlavor it was admitted in (annotation gputask.io/flavor)
     uid: str = ""  # the Job's own metadata.uid ("" when not known)
+    why: str = ""  # a failed Job's Failed condition, "reason: message"
 
     @property
     def key(self) -> str:
@@ -112,6 +131,14 @@ def job_outcome(job: Mapping[str, Any]) -> str | None:
     return None
 
 
+def job_failure(job: Mapping[str, Any]) -> str:
+    """The Job's Failed condition when True as "reason: message" (BackoffLimitExceeded, ...), else ""."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") == "Failed":
+            return ": ".join(str(p) for p in (cond.get("reason"), cond.get("message")) if p)
+    return ""
+
+
 def job_record(obj: Mapping[str, Any]) -> JobRecord | None:
     """The JobRecord of one of our Jobs; None when it carries no task uid annotation."""
     meta = obj["metadata"]
@@ -134,6 +161,7 @@ def job_record(obj: Mapping[str, Any]) -> JobRecord | None:
         str(meta.get("creationTimestamp") or ""),
         str(annotations.get(FLAVOR_ANNOTATION) or ""),
         str(meta.get("uid") or ""),
+        job_failure(obj),
     )
 
 
@@ -176,6 +204,7 @@ class Controller:
         self.start_deadlines: list[tuple[float, TaskKey, int]] = []  # heap: (deadline s, task, attempt)
         self._restoring: list[tuple[str, TaskRecord]] | None = None  # during a rebuild: (Job created, record)
         self.pod_problems: dict[str, str] = {}  # Job key -> why its pod does not start (Unschedulable)
+        self.disrupted: dict[str, tuple[str, str]] = {}  # Job key -> (DisruptionTarget reason, message) of its pod
 
     # -- lookups ------------------------------------------------------------------------------------
     def record_by_uid(self, uid: str) -> TaskRecord | None:
@@ -194,20 +223,44 @@ class Controller:
 
     # -- jobs ---------------------------------------------------------------------------------------
     def on_job(self, obj: Mapping[str, Any]) -> JobRecord | None:
-        """One of our Jobs was added or changed: remember it; report its end; hold it if it goes away."""
+        """One of our Jobs was added or changed: remember it; report its end (a disruption of its pod requeues
+        the task instead); hold its GPUs when no booking of its task covers them."""
         job = job_record(obj)
         if job is None:
             return None
         self._remember(job)
         record = self.by_uid.get(job.task_uid)
         current = record is not None and record.job_name == job.name and record.phase in PLACED_PHASES
-        if job.terminating and not current:
-            self.hold(job)
+        creating = record is not None and record.creating == job.name  # the booking of its admission covers it
+        if not current and not creating and (job.terminating or self.config.queueing != "kueue"):
+            self.hold(job)  # Kueue mode: Kueue books the GPUs of a suspended Job; gputask holds only departing ones
+            if record is not None and self._unseen_end(record, job):
+                self.scheduler.finish(record.key)  # its run ended while nobody knew: done, never run again
+                record.job_name, record.attempt, record.placement = job.name, job.attempt, None
+                self.outbox.append(Report("finished", record, job.outcome or ""))
         if current and job.outcome is not None:
             assert record is not None
+            disruption = self.disrupted.get(job.key) if job.outcome == FAILED else None
+            if disruption is not None:
+                self.scheduler.evict(record.key, *disruption, failure=True)
+                return job
             self.scheduler.finish(record.key)
             self.outbox.append(Report("finished", record, job.outcome))
         return job
+
+    def _unseen_end(self, record: TaskRecord, job: JobRecord) -> bool:
+        """True when ``job`` finished as an attempt of a waiting task newer than any it recorded: a create whose
+        answer was lost ran to its end (gputask mode; a Job of an earlier attempt was evicted, not the task's end)."""
+        return (job.outcome is not None and record.phase == PENDING and not record.deleting
+                and job.attempt > record.attempt and self.config.queueing != "kueue")
+
+    def adopting(self, job: JobRecord) -> None:
+        """A Job found to be its task's (a lost create answer, a 409 on create): the task's booking takes its GPUs,
+        so any hold of it ends."""
+        self._remember(job)
+        held = self.held.pop(job.key, None)
+        if held is not None:
+            self.scheduler.finish(held)
 
     # -- the task's pods ----------------------------------------------------------------------------
     def on_task_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
@@ -220,6 +273,7 @@ class Controller:
         if record is None or record.job_name != job.name:
             return
         status = pod.get("status") or {}
+        self._note_disruption(pod, job)
         if not deleted and status.get("phase") in STARTED_POD_PHASES:
             self.pod_problems.pop(job.key, None)
             if record.phase == ADMITTED:
@@ -230,6 +284,17 @@ class Controller:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
                 name = (pod.get("metadata") or {}).get("name")
                 self.pod_problems[job.key] = f"pod {name} is {cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+
+    def _note_disruption(self, pod: Mapping[str, Any], job: JobRecord) -> None:
+        """Remember a pod the system disrupted (``DisruptionTarget`` True with a reason of
+        :data:`SYSTEM_DISRUPTIONS`): its Job's failure then requeues the task."""
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            reason = cond.get("reason")
+            if cond.get("type") == DISRUPTION_TARGET and cond.get("status") == "True" and reason in SYSTEM_DISRUPTIONS:
+                name = (pod.get("metadata") or {}).get("name")
+                said = f": {cond['message']}" if cond.get("message") else ""
+                self.disrupted[job.key] = (str(reason), f"pod {name} of Job {job.name} was disrupted by the system "
+                                                        f"({reason}{said}); requeued")
 
     def keep_task_pods(self, uids: Collection[str]) -> None:
         """Forget the pods of our Jobs not among ``uids`` (a new listing of them: the rest were deleted meanwhile);
@@ -389,6 +454,9 @@ class Controller:
         while self.start_deadlines and self.start_deadlines[0][0] <= now:
             _, key, attempt = heapq.heappop(self.start_deadlines)
             record = self.tasks.get(key)
+            job = self.jobs.get(f"{record.namespace}/{record.job_name}") if record is not None else None
+            if job is not None and job.outcome is not None:
+                continue  # it ran to its end: no pod is to be expected, the Job is never deleted for it
             if record is not None and record.phase == ADMITTED and record.attempt == attempt:
                 out.append(record)
         return out
@@ -456,6 +524,7 @@ class Controller:
         held = self.held.pop(job.key, None)
         if not self._pods_outlive(job, held) and held is not None:
             self.scheduler.finish(held)
+        self.disrupted.pop(job.key, None)
         record = self.by_uid.get(job.task_uid)
         if record is None:
             return
@@ -736,7 +805,7 @@ class Controller:
             return None
         record.deleting = True
         job = self.job_of(record)
-        if job is not None and job.outcome is None and record.phase in PLACED_PHASES:
+        if job is not None and job.outcome is None and (record.phase in PLACED_PHASES or record.creating == job.name):
             self.scheduler.finish(key)
             self.hold(job)  # the Job's pods still run until it is gone
         self._forget(record)

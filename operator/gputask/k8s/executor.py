@@ -2,6 +2,12 @@
 
 - Admit: create what the pinning needs (DRA claims, :class:`~gputask.k8s.pinner.Pinner`), then the pinned Job
   (409 with our placement = already done), then record the admission.
+  A create whose answer was lost (:class:`~gputask.k8s.client.Unanswered`: connection reset, server disconnected,
+  timeout, a 5xx that is no Status) is neither: the task keeps its GPUs and quota booked, "creating" that Job,
+  until a GET (or the Jobs informer) says whether it exists (:meth:`Executor.confirm_creates`, 1 s doubling to
+  30 s); then the Job is adopted, or the create is sent again. A Job adopted after a 409 whose placement the
+  books cannot hold (a GPU over its memory) is deleted and its task requeued (PlacementConflict, a Warning
+  Event); a Job found finished is its task's end (Succeeded or Failed), never run again.
   A Job (or claim) the API server refuses (422 Invalid, 403 quota, any error) gives the task back to the core,
   which holds it back for a backoff (10 s doubling to 5 min; a new spec starts over), and the task
   says why: condition ``Admitted=False`` reason ``JobRejected`` with the API's message, and a
@@ -20,7 +26,7 @@ import heapq
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +41,11 @@ from gputask.k8s.client import (
     ApiError,
     Fenced,
     NotFound,
+    Unanswered,
     doubling_backoff_s,
 )
-from gputask.k8s.controller import Controller, JobRecord, Report
-from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_UID_ANNOTATION, build_job, parse_placement
+from gputask.k8s.controller import PLACEMENT_CONFLICT, SYSTEM_DISRUPTIONS, Controller, JobRecord, Report, job_record
+from gputask.k8s.jobs import build_job
 from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
 from gputask.k8s.pinner import PINNING_UNAVAILABLE, Pinner
 from gputask.k8s.pinning import Pinning
@@ -54,7 +61,9 @@ CONCURRENCY = 16
 JOB_REJECTED = "JobRejected"
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 300.0
-FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting", "GPUMemoryExceeded")
+FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting", "GPUMemoryExceeded", *SYSTEM_DISRUPTIONS)
+CONFIRM_RETRY_S = 1.0  # a create whose answer was lost is looked up after 1 s, doubling ...
+CONFIRM_RETRY_MAX_S = 30.0  # ... up to 30 s while the API server does not answer
 BACKOFF_REASONS = (JOB_REJECTED, PINNING_UNAVAILABLE)  # waits said once, when the admission was refused
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # metav1.Condition's reason pattern
 
@@ -91,8 +100,21 @@ class Deletion:
     retry_at: float = 0.0
 
 
+@dataclass(slots=True)
+class Unconfirmed:
+    """A Job create whose answer was lost: the admission it was for, the Job sent (a dict), its attempt, lookups
+    failed so far and when the next is due (monotonic s). Its task keeps the admission's booking meanwhile."""
+
+    decision: Admit
+    job: dict[str, Any]
+    attempt: int
+    failures: int = 1
+    retry_at: float = 0.0
+
+
 class Executor:
-    """Applies decisions and reports; owns no scheduling state but the Job deletions still to retry."""
+    """Applies decisions and reports; owns no scheduling state but the Job deletions still to retry and the
+    Job creates whose answer was lost."""
 
     def __init__(
         self,
@@ -109,6 +131,7 @@ class Executor:
         self.transitions = Transitions(writer)
         self.metrics = metrics or writer.metrics
         self.deletions: dict[str, Deletion] = {}  # Job key -> deletion to retry
+        self.creating: dict[str, Unconfirmed] = {}  # task key -> a Job create whose answer was lost
         self._due: list[tuple[float, str]] = []  # heap of (retry_at, Job key) of failed deletions; outdated skipped
         self.queues = QueueUpkeep(controller, writer)
         self.pinner = Pinner(controller.config, writer, self.metrics)
@@ -123,6 +146,7 @@ class Executor:
     def reset(self) -> None:
         """Forget the deletions and status writes still to retry (a rebuild finds again what is owed)."""
         self.deletions.clear()
+        self.creating.clear()
         self.transitions.unwritten.clear()
         self.queues.reset()
         self.relabel.reset()
@@ -172,60 +196,162 @@ class Executor:
             log.error("building the Job of %s failed: %r", key, exc)
             await self._rejected(record, f"the pod template cannot be made into a Job: {exc!r}")
             return
-        name, placement = job["metadata"]["name"], decision.placement
+        name = job["metadata"]["name"]
         try:
-            refused = await self.pinner.prepare(record.obj, name, decision.task.request, placement)
-            if refused is not None:
-                await self._rejected(record, refused)
-                return
-            await self.writer.create(JOBS, job, record.namespace)
-        except AlreadyExists:
-            found = await self._existing(record, job)
-            if found is None:
-                return
-            placement = found
+            refused = await self.pinner.prepare(record.obj, name, decision.task.request, decision.placement)
         except Fenced:
             scheduler.requeue(key)  # not leading any more: the next leader decides
             return
         except ApiError as exc:
+            await self.pinner.job_deleted(record.namespace, name)
+            await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
+            return
+        if refused is not None:
+            await self._rejected(record, refused)
+            return
+        await self._create(record, Unconfirmed(decision, job, attempt))
+
+    async def _create(self, record: TaskRecord, sent: Unconfirmed) -> None:
+        """POST the Job of an admission: created (recorded), 409 (adopted), refused (backed off), fenced
+        (requeued), or unanswered (the booking kept until :meth:`confirm_creates` finds out)."""
+        job, name = sent.job, sent.job["metadata"]["name"]
+        record.creating = name
+        try:
+            await self.writer.create(JOBS, job, record.namespace)
+        except AlreadyExists:
+            await self._adopt(record, sent)
+            return
+        except Fenced:
+            record.creating = None
+            self.controller.scheduler.requeue(record.key)  # not leading any more: the next leader decides
+            return
+        except Unanswered as exc:
+            log.warning("creating Job %s/%s got no answer (%s): its GPUs stay booked until a read says whether it "
+                        "exists", record.namespace, name, exc)
+            self._unconfirmed(record, sent)
+            return
+        except ApiError as exc:
+            record.creating = None
             await self.pinner.job_deleted(record.namespace, name)  # its ResourceClaimTemplate, made just before
             await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
             return
+        await self._created(record, sent.decision, sent.decision.placement, name, sent.attempt)
+
+    async def _created(self, record: TaskRecord, decision: Admit, placement: Placement, name: str,
+                       attempt: int) -> None:
+        """Record an admission whose Job exists (``name``, on ``placement``)."""
         if attempt == 1 and decision.task.created:
             self.metrics.latency.labels(decision.task.queue).observe(max(0.0, time.time() - decision.task.created))
         in_flavor = f" (flavor {decision.task.flavor})" if decision.task.flavor else ""
         message = f"Admitted by GPUClusterQueue {decision.task.queue!r}{in_flavor} on {describe(placement)}"
         quota = f"quota reserved in {decision.task.queue!r}{in_flavor}"
-        record.attempt, record.flavor = attempt, decision.task.flavor
+        record.attempt, record.flavor, record.creating = attempt, decision.task.flavor, None
         self.controller.started(record, time.time())
         await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
                                         message=message)
 
-    async def _existing(self, record: TaskRecord, job: Mapping[str, Any]) -> Placement | None:
-        """A Job of that name exists (a lost create answer, or another replica's): when it is this task's,
-        its placement wins and is taken into the books (never two beliefs); None when it is not ours."""
-        meta, scheduler = job["metadata"], self.controller.scheduler
-        try:
-            found = await self.writer.client.get(JOBS, meta["name"], meta["namespace"])
-        except ApiError:
-            found = {}
-        annotations = (found.get("metadata") or {}).get("annotations") or {}
-        placement = parse_placement(annotations.get(PLACEMENT_ANNOTATION))
-        if annotations.get(TASK_UID_ANNOTATION) != record.uid or placement is None:
-            # a Job of a deleted task of the same name, not yet garbage-collected: try again later
+    def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
+        """Keep the booking of a create whose outcome is unknown; look the Job up after the next backoff step."""
+        record.creating = sent.job["metadata"]["name"]
+        sent.retry_at = time.monotonic() + doubling_backoff_s(sent.failures, CONFIRM_RETRY_S, CONFIRM_RETRY_MAX_S)
+        self.creating[record.key] = sent
+
+    async def confirm_creates(self) -> None:
+        """Find out, for each Job create whose answer was lost and whose lookup is due, whether the Job exists (the
+        Jobs informer's view, else a GET): adopted when it does, sent again when it does not; a lookup that fails
+        too is tried again after a backoff."""
+        now = time.monotonic()
+        due = [key for key, sent in self.creating.items() if sent.retry_at <= now]
+        await asyncio.gather(*(self._confirm(key) for key in due))
+
+    async def _confirm(self, key: str) -> None:
+        sent = self.creating.get(key)
+        record = self.controller.tasks.get(sent.decision.task.key) if sent is not None else None
+        if sent is None or record is None or record.creating != sent.job["metadata"]["name"]:
+            self.creating.pop(key, None)  # deleted or evicted meanwhile: whoever did that owns the Job now
+            return
+        meta = sent.job["metadata"]
+        job = self.controller.jobs.get(f"{meta['namespace']}/{meta['name']}")  # the informer's view
+        if job is None or job.task_uid != record.uid:
+            try:
+                job = job_record(await self.writer.client.get(JOBS, meta["name"], meta["namespace"]))
+            except NotFound:
+                job = None
+            except ApiError as exc:
+                sent.failures += 1
+                log.info("looking up Job %s/%s failed (%s); asked again later", meta["namespace"], meta["name"], exc)
+                self._unconfirmed(record, sent)
+                return
+        del self.creating[key]
+        if job is None:
+            log.info("Job %s/%s was never created: sent again", meta["namespace"], meta["name"])
+            await self._create(record, Unconfirmed(sent.decision, sent.job, sent.attempt))
+            return
+        log.info("Job %s/%s exists after a create whose answer was lost: adopted", meta["namespace"], meta["name"])
+        await self._adopt(record, sent, job)
+
+    async def _adopt(self, record: TaskRecord, sent: Unconfirmed, job: JobRecord | None = None) -> None:
+        """A Job of that name exists (a lost create answer, or another replica's). When it is this task's, it is the
+        admission's: its placement wins and is taken into the books (never two beliefs); one the books cannot hold
+        is deleted and the task requeued (:meth:`_conflict`); one that finished ends the task. A Job of another task
+        of that name (deleted, not yet garbage-collected) requeues the task. ``job``: the Job as known (None: GET
+        it; a GET that fails leaves the create unconfirmed, looked up again later)."""
+        meta, scheduler = sent.job["metadata"], self.controller.scheduler
+        record.creating = None
+        if job is None:
+            try:
+                job = job_record(await self.writer.client.get(JOBS, meta["name"], meta["namespace"]))
+            except NotFound:
+                job = None
+            except ApiError as exc:
+                log.info("reading Job %s/%s after a 409 failed (%s); looked up again later", meta["namespace"],
+                         meta["name"], exc)
+                self._unconfirmed(record, sent)
+                return
+        if job is None or job.task_uid != record.uid or job.placement is None:
             log.info("Job %s/%s belongs to an earlier task of that name; requeued", meta["namespace"], meta["name"])
             scheduler.requeue(record.key)
-            return None
+            return
+        placement = job.placement
+        self.controller.adopting(job)
+        if job.outcome is not None:  # it ran to its end while nobody knew: the task's end, never run again
+            scheduler.finish(record.key)
+            record.job_name, record.attempt, record.placement = job.name, job.attempt, None
+            await self.transitions.finished(record, job.outcome, job.why)
+            return
+        if job.terminating:  # being deleted: held until it is gone; the next admission makes a Job of another name
+            scheduler.requeue(record.key)
+            record.attempt = max(record.attempt, job.attempt)
+            self.controller.hold(job)
+            return
         entry = scheduler.ledger.get(record.key)
         if entry is not None and entry.placement != placement:
             log.warning("Job %s/%s exists on %s, not on the %s just chosen: adopting its placement",
                         meta["namespace"], meta["name"], describe(placement), describe(entry.placement))
             scheduler.finish(record.key)
-            scheduler.restore(entry.task, placement, time.time())
+            if not scheduler.restore(entry.task, placement, time.time()):
+                await self._conflict(record, job)
+                return
             self.metrics.adopted.inc()
         else:
             log.info("Job %s/%s exists already: taking it as created", meta["namespace"], meta["name"])
-        return placement
+        await self._created(record, sent.decision, placement, job.name, job.attempt)
+
+    async def _conflict(self, record: TaskRecord, job: JobRecord) -> None:
+        """A Job of the task exists on GPUs the books gave to others since (its create's answer was lost): it is
+        deleted (what of its GPUs is free held until it is gone) and the task requeued, reason PlacementConflict
+        with a Warning Event; no GPU is ever booked over its memory."""
+        assert job.placement is not None
+        scheduler = self.controller.scheduler
+        scheduler.requeue(record.key)  # the restored booking over-commits: released at once, the task queued again
+        self.controller.hold(job, fit=True)
+        record.job_name, record.attempt = job.name, job.attempt
+        message = (f"Job {job.name} exists on {describe(job.placement)}, which was booked for other tasks while its "
+                   "create went unanswered (a GPU would be over its memory): the Job is deleted and the task requeued")
+        self.metrics.evictions.labels(PLACEMENT_CONFLICT).inc()
+        await self.transitions.evicted(record, PLACEMENT_CONFLICT, message)
+        self.deletions[job.key] = Deletion(job, "Background")
+        await self.delete(job.key)
 
     async def _rejected(self, record: TaskRecord, why: str, reason: str = JOB_REJECTED) -> None:
         """Give the task back to the core, held back for the next backoff step, and say why (``reason``)."""
@@ -276,6 +402,14 @@ class Executor:
             await self.delete(job.key)
 
     def _current_job(self, record: TaskRecord) -> JobRecord | None:
+        if record.job_name is None and record.creating is not None:  # evicted before its create was confirmed
+            sent = self.creating.pop(record.key, None)
+            name, record.creating = record.creating, None
+            attempt = sent.attempt if sent is not None else record.attempt + 1
+            record.attempt = max(record.attempt, attempt)  # the next admission makes a Job of another name
+            placement = sent.decision.placement if sent is not None else None
+            return self.controller.jobs.get(f"{record.namespace}/{name}") or JobRecord(
+                name, record.namespace, record.uid, attempt, placement)
         if record.job_name is None:
             return None
         return self.controller.jobs.get(f"{record.namespace}/{record.job_name}") or JobRecord(
@@ -371,7 +505,8 @@ class Executor:
                 message = deprecation_message(record.namespace, report.detail)
                 await t.note(record, "Warning", DEPRECATED_QUEUE_NAME, message)
             elif report.kind == "finished":
-                await t.finished(record, report.detail)
+                job = self.controller.jobs.get(f"{record.namespace}/{record.job_name}")
+                await t.finished(record, report.detail, job.why if job is not None else "")
             elif report.kind == "running" and record.phase == ADMITTED:
                 await t.running(record, report.detail)
             elif report.kind == "restored":

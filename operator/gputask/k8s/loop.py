@@ -74,6 +74,7 @@ class SchedulingLoop:
                     self.wake()  # evictions requeue work and free capacity: look again soon
             await executor.publish(controller.take_reports())
             await executor.retry_deletions()
+            await executor.confirm_creates()
             await executor.relabel.settle()
             await executor.collect_claims()
             await executor.transitions.retry()

@@ -3,9 +3,10 @@
 Kept beside :mod:`gputask.k8s.client` and built from its :class:`~gputask.k8s.client.Resource`
 constants, so a resource's group and plural are written once. Two tests hold the tables true:
 
-- ``tests/unit/test_rbac.py`` reads the code: every ``client.<verb>(RESOURCE, ...)`` call in
-  ``gputask.k8s`` and ``gputask.agent`` and every resource the kopf registry watches must be
-  granted here (a new API call without a rule fails the test);
+- ``tests/unit/test_rbac.py`` reads the code: every ``<receiver>.<verb>(RESOURCE, ...)`` call in
+  ``gputask.k8s`` and ``gputask.agent``, whether through the client or the writer (and the writer's
+  Events), and every resource the kopf registry or the informers watch must be granted here (a new
+  API call without a rule fails the test);
 - ``tests/chart/test_chart.py`` renders the Helm chart: its ClusterRoles and Roles must grant
   exactly these rules, no verb missing and none extra (least privilege).
 
@@ -122,7 +123,10 @@ OPERATOR: tuple[Rule, ...] = (
     rule(GPURESOURCEFLAVORS, "patch", why="the in-use finalizer: no flavor deleted under the tasks admitted in it"),
     rule(GPUNODES, "patch", sub="status", why="the Accepted condition: which GPU entries of the report it refused"),
     rule(JOBS, "create", "delete", why="one pinned Job per admission; deleted on eviction, preemption, task deletion"),
-    rule(JOBS, "get", why="after a 409 on create: check the existing Job was made for this task (its uid)"),
+    rule(JOBS, "get", why="after a 409 on create, or a create whose answer was lost: whether the Job exists and was "
+         "made for this task (its uid); whether a Job that lost its task label still exists"),
+    rule(JOBS, "patch", why="put back the gputask.io/task label a Job lost (k8s.relabel), so its GPUs are released "
+         "when it ends"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),

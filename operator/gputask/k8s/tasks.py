@@ -33,6 +33,7 @@ log = logging.getLogger("gputask.tasks")
 PENDING, ADMITTED, RUNNING, SUCCEEDED, FAILED = "Pending", "Admitted", "Running", "Succeeded", "Failed"
 FINISHED_PHASES = (SUCCEEDED, FAILED)
 PLACED_PHASES = (ADMITTED, RUNNING)
+JOB_FAILED = "JobFailed"  # the Admitted condition's reason once its Job failed (kubectl get gt: REASON)
 CONFLICT_RETRIES = 5
 STATUS_RETRY_S = 1.0  # a refused status write is tried again after 1 s, doubling ...
 STATUS_RETRY_MAX_S = 60.0  # ... up to a minute
@@ -96,6 +97,7 @@ class TaskRecord:
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     flavor: str = ""  # the ResourceFlavor of its current admission ("" for a queue without resourceGroups)
     whole_at: str | None = None  # the resourceVersion at which ``obj`` is the whole stored object (None: unsure)
+    creating: str | None = None  # the Job being created (sent, not yet known to exist): its GPUs stay booked
 
     @property
     def namespace(self) -> str:
@@ -251,10 +253,14 @@ class Transitions:
         set_condition(record, "Admitted", False, reason, message)
         await self.publish(record, message, ("Warning", reason, message))
 
-    async def finished(self, record: TaskRecord, outcome: str) -> None:
-        """Its Job completed (Succeeded) or failed (Failed)."""
+    async def finished(self, record: TaskRecord, outcome: str, why: str = "") -> None:
+        """Its Job completed (Succeeded) or failed (Failed; ``why``: the Job's Failed condition, "reason: message").
+        A failed task's Admitted condition turns False (reason JobFailed), so no column says Admitted any more."""
         message = f"Job {record.job_name} {'completed' if outcome == SUCCEEDED else 'failed'}"
+        message += f" ({why})" if why else ""
         record.phase = outcome
+        if outcome == FAILED:
+            set_condition(record, "Admitted", False, JOB_FAILED, message)
         set_condition(record, "Finished", True, outcome, message)
         await self.publish(record, message, ("Normal" if outcome == SUCCEEDED else "Warning", outcome, message))
 

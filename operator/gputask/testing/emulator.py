@@ -80,6 +80,7 @@ class Injection:
     times: int
     message: str = ""
     retry_after: int | None = None
+    served: bool = False  # served, then the connection dropped before the answer (the client cannot tell)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,8 +168,8 @@ class GpuTaskEmulator(KubernetesEmulator):
     # -- HTTP plumbing ------------------------------------------------------------------------
 
     def inject(
-        self, method: str, path_part: str, status: int, *, times: int = 1, message: str = "",
-        retry_after: int | None = None,
+        self, method: str, path_part: str, status: int = 0, *, times: int = 1, message: str = "",
+        retry_after: int | None = None, served: bool = False,
     ) -> None:
         """Answer the next ``times`` ``method`` requests whose path contains ``path_part`` with ``status``
         (a metav1 Status as the API server sends it: 409 Conflict, 500 InternalError, ...).
@@ -177,28 +178,44 @@ class GpuTaskEmulator(KubernetesEmulator):
         serving it: ``Retry-After`` (``retry_after`` seconds, 1 unless given) and a text/plain body, no Status
         (k8s.io/apiserver/pkg/server/filters/maxinflight.go, ``tooManyRequests``). ``retry_after`` on another
         status adds the header and ``details.retryAfterSeconds``, as the API server writes a Status that has them
-        (a 500 ServerTimeout, a 503 while it starts up)."""
-        self.injected.append(Injection(method.upper(), path_part, status, times, message, retry_after))
+        (a 500 ServerTimeout, a 503 while it starts up).
 
-    def _injected(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:
+        ``served=True`` (``status`` ignored): the request is served, then its connection is closed before the
+        answer is written, as when an API server is killed between committing a write to etcd and answering
+        (the client sees "Server disconnected" or "Connection reset" and cannot tell whether it was served)."""
+        self.injected.append(Injection(method.upper(), path_part, status, times, message, retry_after, served))
+
+    def _injection(self, raw_request: aiohttp.web.BaseRequest) -> Injection | None:
+        """The injection that takes this request (one of its ``times`` used), if any."""
         for injection in self.injected:
             if injection.times > 0 and injection.method == raw_request.method and injection.path in raw_request.path:
                 injection.times -= 1
-                if injection.status == 429 and not injection.message:
-                    wait = 1 if injection.retry_after is None else injection.retry_after
-                    return aiohttp.web.Response(status=429, text=THROTTLED, headers={"Retry-After": str(wait)})
-                reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests",
-                          403: "Forbidden", 504: "Timeout"}.get(injection.status, "Unknown")
-                extra = {"retryAfterSeconds": injection.retry_after} if injection.retry_after is not None else None
-                body = _http.status_body(injection.status, reason, injection.message or f"injected {injection.status}",
-                                         extra)
-                headers = {"Retry-After": str(injection.retry_after)} if injection.retry_after is not None else None
-                return aiohttp.web.json_response(body, status=injection.status, headers=headers)
+                return injection
         return None
+
+    def _injected(self, injection: Injection) -> aiohttp.web.StreamResponse:
+        """The refusal ``injection`` answers with, instead of serving."""
+        if injection.status == 429 and not injection.message:
+            wait = 1 if injection.retry_after is None else injection.retry_after
+            return aiohttp.web.Response(status=429, text=THROTTLED, headers={"Retry-After": str(wait)})
+        reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests",
+                  403: "Forbidden", 504: "Timeout"}.get(injection.status, "Unknown")
+        extra = {"retryAfterSeconds": injection.retry_after} if injection.retry_after is not None else None
+        body = _http.status_body(injection.status, reason, injection.message or f"injected {injection.status}", extra)
+        headers = {"Retry-After": str(injection.retry_after)} if injection.retry_after is not None else None
+        return aiohttp.web.json_response(body, status=injection.status, headers=headers)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """Serve one HTTP request and log its answer in :attr:`answers` (writes only)."""
-        response = self._injected(raw_request) or await self._serve_one(raw_request)
+        injection = self._injection(raw_request)
+        if injection is not None and injection.served:
+            await self._serve_one(raw_request)
+            if raw_request.transport is not None:
+                raw_request.transport.close()  # the answer is lost: the client reads a dropped connection
+            self.answers.append(Answer(raw_request.method, raw_request.path, 0, raw_request.query.get("fieldManager"),
+                                       time.monotonic()))
+            return aiohttp.web.Response(status=500)  # never reaches the client
+        response = self._injected(injection) if injection is not None else await self._serve_one(raw_request)
         if raw_request.method not in ("GET", "HEAD"):
             manager, at = raw_request.query.get("fieldManager"), time.monotonic()
             self.answers.append(Answer(raw_request.method, raw_request.path, response.status, manager, at))

@@ -3,20 +3,23 @@
 :class:`FakeKubeClient` keeps objects as the API server would (uid, resourceVersion, generation,
 creationTimestamp, ``generateName``, an isolated ``/status``, 409 on a stale resourceVersion or
 a name taken, 404 with the server's message) and records every call. Refusals are injected with
-:meth:`FakeKubeClient.fail`, worded as the API server words them (``jobs.batch "x" is forbidden:
-...``). Watches replay a bounded history of changes from a resourceVersion (410 Expired when it is
-older than what is kept: :meth:`FakeKubeClient.compact`). No HTTP, no controllers: a test feeds the
+:meth:`FakeKubeClient.fail` (``served=True``: the call is carried out and its answer lost, raising
+:class:`~gputask.k8s.client.Unanswered`, as when the API server dies after committing a write), worded
+as the API server words them (``jobs.batch "x" is forbidden: ...``). Watches replay a bounded history
+of changes from a resourceVersion (410 Expired when it is older than what is kept:
+:meth:`FakeKubeClient.compact`). No HTTP, no controllers: a test feeds the
 operator's handlers itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime as dt
 import itertools
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,7 @@ from gputask.k8s.client import (
     Listed,
     NotFound,
     Resource,
+    Unanswered,
 )
 from gputask.testing._patches import merge_patch
 
@@ -59,6 +63,7 @@ class Failure:
     message: str
     times: int
     retry_after_s: float | None = None
+    served: bool = False  # carried out, then its answer lost (Unanswered)
 
     def matches(self, verb: str, res: Resource, name: str | None) -> bool:
         """True when this failure applies to the call."""
@@ -109,10 +114,14 @@ class FakeKubeClient:
         message: str = "",
         times: int = 1,
         retry_after_s: float | None = None,
+        served: bool = False,
     ) -> None:
         """Make the next ``times`` ``verb`` calls (``*`` = any verb) on ``plural``/``name`` raise ``status``
-        (with the Retry-After the server asked for, when given)."""
-        self.failures.append(Failure(verb, plural, name, status, message, times, retry_after_s))
+        (with the Retry-After the server asked for, when given). ``served``: the call is carried out first and
+        then raises :class:`~gputask.k8s.client.Unanswered` (status 0 unless given: the connection dropped after
+        the server committed it)."""
+        self.failures.append(Failure(verb, plural, name, status if not served or status != 500 else 0, message,
+                                     times, retry_after_s, served))
 
     def put(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
         """Store an object as if it had been created (status included); no call is recorded."""
@@ -206,8 +215,9 @@ class FakeKubeClient:
     ) -> dict[str, Any]:
         """POST a new object (status dropped when the kind has a status subresource)."""
         name = (body.get("metadata") or {}).get("name")
-        self._enter("create", res, name, guard)
-        return copy.deepcopy(self._store(res, copy.deepcopy(dict(body)), namespace, keep_status=False))
+        lost = self._enter("create", res, name, guard)
+        with self._answer_lost(lost):
+            return copy.deepcopy(self._store(res, copy.deepcopy(dict(body)), namespace, keep_status=False))
 
     async def patch(
         self,
@@ -220,9 +230,10 @@ class FakeKubeClient:
         guard: Guard | None = None,
     ) -> dict[str, Any]:
         """JSON merge patch of the object, or of its status only."""
-        self._enter("patch-status" if status else "patch", res, name, guard)
-        current = self._live(res, namespace, name)
-        return copy.deepcopy(self._update(res, current, merge_patch(current, dict(patch)), status=status))
+        lost = self._enter("patch-status" if status else "patch", res, name, guard)
+        with self._answer_lost(lost):
+            current = self._live(res, namespace, name)
+            return copy.deepcopy(self._update(res, current, merge_patch(current, dict(patch)), status=status))
 
     async def replace(
         self,
@@ -234,9 +245,10 @@ class FakeKubeClient:
         guard: Guard | None = None,
     ) -> dict[str, Any]:
         """PUT a whole object."""
-        self._enter("replace", res, name, guard)
-        current = self._live(res, namespace, name)
-        return copy.deepcopy(self._update(res, current, copy.deepcopy(dict(body)), status=False))
+        lost = self._enter("replace", res, name, guard)
+        with self._answer_lost(lost):
+            current = self._live(res, namespace, name)
+            return copy.deepcopy(self._update(res, current, copy.deepcopy(dict(body)), status=False))
 
     async def delete(
         self,
@@ -248,7 +260,11 @@ class FakeKubeClient:
         guard: Guard | None = None,
     ) -> bool:
         """DELETE an object (it lingers with a deletionTimestamp while it has finalizers)."""
-        self._enter("delete", res, name, guard)
+        lost = self._enter("delete", res, name, guard)
+        with self._answer_lost(lost):
+            return self._delete(res, name, namespace)
+
+    def _delete(self, res: Resource, name: str, namespace: str | None) -> bool:
         key = (res.group, res.plural, namespace if res.namespaced else None, name)
         current = self.objects.get(key)
         if current is None:
@@ -267,16 +283,35 @@ class FakeKubeClient:
         """Nothing to release."""
 
     # -- the store -----------------------------------------------------------------------------------
-    def _enter(self, verb: str, res: Resource, name: str | None, guard: Guard | None = None) -> None:
+    def _enter(self, verb: str, res: Resource, name: str | None, guard: Guard | None = None) -> Unanswered | None:
+        """Record the call; raise an injected refusal, or return the Unanswered to raise once it is carried out."""
         self.calls.append((verb, res.plural, name))
         if guard is not None and not guard():
             raise Fenced()
         for failure in self.failures:
             if failure.matches(verb.removesuffix("-status"), res, name) or failure.matches(verb, res, name):
                 failure.times -= 1
+                if failure.served or failure.status == 0:  # status 0: sent, no answer (served only with ``served``)
+                    said = failure.message or "Server disconnected (injected: no answer)"
+                    lost = Unanswered(failure.status, "Unreachable" if not failure.status else "InternalError", said)
+                    if not failure.served:
+                        raise lost
+                    return lost
                 message = failure.message or f'{_qualified(res)} "{name}" is refused (injected {failure.status})'
                 raise ApiError(failure.status, REASONS.get(failure.status, "Unknown"), message,
                                retry_after_s=failure.retry_after_s)
+        return None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _answer_lost(lost: Unanswered | None) -> Iterator[None]:
+        """Carry the call out; when its answer is to be lost, raise ``lost`` instead of what it returned or raised."""
+        if lost is None:
+            yield
+            return
+        with contextlib.suppress(ApiError):
+            yield
+        raise lost
 
     def _live(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         found = self.objects.get((res.group, res.plural, namespace if res.namespaced else None, name))
