@@ -28,9 +28,9 @@ pytestmark = [
 ]
 
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:gputask-operator"
-# Files of examples/ that are not applied here, and why.
+# Files (and folders, ending in /) of examples/ that are not applied here, and why.
 NOT_APPLIED = {
-    "scenarios/whole-pod.yaml": "a `gputask scenario run` file, not a manifest",
+    "scenarios/": "`gputask scenario run` files, not manifests",
     "kueue/kueue-mode.yaml": "needs Kueue's own CRDs (kueue.x-k8s.io ClusterQueue, ResourceFlavor) installed",
     "policies/deny-unmanaged-visible-devices.yaml": "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy: 1.30+",
 }
@@ -41,7 +41,11 @@ FOREIGN_KINDS = ("ServiceMonitor",)
 
 def example_files() -> list[Path]:
     """Every YAML file under examples/ that is applied (sorted)."""
-    return [p for p in sorted(EXAMPLES.rglob("*.yaml")) if str(p.relative_to(EXAMPLES)) not in NOT_APPLIED]
+    def applied(path: Path) -> bool:
+        relative = str(path.relative_to(EXAMPLES))
+        return not any(relative == skip or (skip.endswith("/") and relative.startswith(skip)) for skip in NOT_APPLIED)
+
+    return [p for p in sorted(EXAMPLES.rglob("*.yaml")) if applied(p)]
 
 
 def task_of(installed: Installed, name: str) -> dict[str, Any]:
