@@ -518,3 +518,29 @@ async def test_an_unhealthy_gpus_task_moves_at_once_and_the_gpu_stays_held_while
         placements = [json.loads(j["metadata"]["annotations"]["gputask.io/placement"])["indices"]
                       for j in await cluster.client.list(JOBS, "default")]
         assert (await job_names(cluster), sorted(placements)) == (["other-1", "train-2"], [[0], [1]])
+
+
+async def test_a_pod_that_started_while_no_operator_led_makes_its_task_running_at_the_rebuild(cluster: Cluster) -> None:
+    """A task Admitted whose pod started while no replica led (a failover, the API server restarted): the new
+    leader's rebuild sees the pod Running and the task turns Running, instead of waiting for an event that came
+    before it led (and being evicted as PodsNotStarting)."""
+    await cluster.add_node("node-a", A10)
+    await cluster.add_queue()
+    async with running_operator(cluster, FAST):
+        await cluster.submit(gputask("t", gpuMemory="10Gi"))
+
+        async def admitted() -> bool:
+            return (await status_of(cluster, "t")).get("phase") == "Admitted"
+
+        await eventually(admitted)
+    await bound_pod(cluster, "t-1", "t-1-abcde", "node-a")
+    await cluster.client.patch(PODS, "t-1-abcde", {"metadata": {"finalizers": []}}, "default")
+    async with running_operator(cluster, FAST):
+
+        async def running() -> dict[str, Any] | None:
+            status = await status_of(cluster, "t")
+            return status if status.get("phase") == "Running" else None
+
+        status = await eventually(running)
+    assert (status["phase"], status["jobName"], status["attempt"], await job_names(cluster)) == (
+        "Running", "t-1", 1, ["t-1"])

@@ -35,13 +35,16 @@ def _why_skipped() -> str | None:
 
 
 REASON = _why_skipped()
-# Every Job create, at Metadata level (user, response code); nothing else.
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:gputask-operator"
+# Every Job create, and every request of the operator's ServiceAccount (to find a 403), at Metadata level (user,
+# verb, object, response code); nothing else.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [
         {"level": "Metadata", "verbs": ["create"], "resources": [{"group": "batch", "resources": ["jobs"]}]},
+        {"level": "Metadata", "users": [OPERATOR_USER]},
         {"level": "None"},
     ],
 }

@@ -890,6 +890,9 @@ class Controller:
         restoring, self._restoring = sorted(self._restoring, key=lambda item: (item[0], item[1].key)), None
         for _, record in restoring:
             self._restore(record)
+        for pod in objects.get("pods", ()):  # a pod that started while no replica led (a failover, an API server
+            if TASK_LABEL in ((pod.get("metadata") or {}).get("labels") or {}) and self._job_of_pod(pod):  # restart)
+                self.on_task_pod(pod)  # its task, still Admitted in its status, is Running now
         for job in jobs:
             record = self.by_uid.get(job.task_uid)
             if job.terminating or record is None or record.job_name != job.name:
