@@ -222,20 +222,25 @@ def leader(installed: Installed) -> str | None:
     return next((n for n in installed.operators if n in pids and f"-{pids[n]}-" in holder), None)
 
 
+def submit_small_task(installed: Installed, name: str) -> None:
+    """``kubectl create`` a GPUTask ``name`` of one GPU with 2Gi in queue ``default``."""
+    task = {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPUTask",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"queueName": "default", "gpus": 1, "gpuMemory": "2Gi",
+                 "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}},
+    }
+    installed.cp.kubectl("create", "-f", "-", input=json.dumps(task))
+
+
 def test_when_the_leader_is_killed_the_standby_takes_over_and_admits(installed: Installed) -> None:
     """Two operator processes: one holds the Lease; SIGKILL it and the other takes the Lease over and admits a
     task submitted after, which runs on its pinned node."""
     first = wait_for(lambda: leader(installed), 30, "a leader")
     installed.cp.kill(first)
     second = wait_for(lambda: leader(installed), 30, "the standby holding the Lease")
-    task = {
-        "apiVersion": "gputask.io/v1alpha1",
-        "kind": "GPUTask",
-        "metadata": {"name": "after-failover", "namespace": "default"},
-        "spec": {"queueName": "default", "gpus": 1, "gpuMemory": "2Gi",
-                 "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}},
-    }
-    installed.cp.kubectl("create", "-f", "-", input=json.dumps(task))
+    submit_small_task(installed, "after-failover")
     node, attempt, pod_node, phase = wait_for(lambda: running_on(installed, "after-failover"), 60,
                                               "after-failover Running")
     installed.start_operator(first)  # a standby again, for the tests after
@@ -271,14 +276,7 @@ def test_after_the_api_server_restarts_the_operator_admits_again(installed: Inst
     """kube-apiserver stopped and started again (same etcd): the operator's watches reconnect and a task
     submitted after runs on its pinned node."""
     installed.cp.restart("kube-apiserver")
-    task = {
-        "apiVersion": "gputask.io/v1alpha1",
-        "kind": "GPUTask",
-        "metadata": {"name": "after-restart", "namespace": "default"},
-        "spec": {"queueName": "default", "gpus": 1, "gpuMemory": "2Gi",
-                 "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}},
-    }
-    installed.cp.kubectl("create", "-f", "-", input=json.dumps(task))
+    submit_small_task(installed, "after-restart")
     node, attempt, pod_node, phase = wait_for(lambda: running_on(installed, "after-restart"), 60,
                                               "after-restart Running")
     assert (attempt, pod_node, phase) == (1, node, "Running")
