@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from test_adapter import GPU0, Parts, _now
+from test_adapter import GPU0, Parts, _now, task_pod
 
 from gputask.core import GpuSlot, NodeName, Placement, TaskKey
 from gputask.k8s import executor as executor_module
@@ -250,3 +250,23 @@ async def test_a_task_evicted_while_its_create_is_unconfirmed_deletes_that_job_a
     deletes = [name for verb, plural, name in parts.client.calls if (verb, plural) == ("delete", "jobs")]
     assert (parts.job_creates(), deletes, parts.status("t")["jobName"], parts.executor.creating,
             mib_on_gpus(parts)) == (["t-1", "t-2"], ["t-1"], "t-2", {}, {0: 20480})
+
+
+async def test_a_pod_that_ran_before_the_lost_create_was_found_makes_the_adopted_task_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Job POST is served, its answer lost, and the Job's pod is Running before the lookup finds the Job: once
+    the task is admitted with it, it is Running (its pod seen early), never evicted as PodsNotStarting."""
+    monkeypatch.setattr(executor_module, "CONFIRM_RETRY_S", 60.0)  # the lookup waits: the pod runs before it
+    parts = Parts()
+    parts.client.fail("create", "jobs", served=True)
+    parts.submit("t", gpuMemory="20Gi")
+    await parts.loop.run_once()
+    feed_jobs(parts)  # the Jobs informer sees t-1 ...
+    job = await parts.client.get(JOBS, "t-1", "ns")
+    parts.controller.on_task_pod(task_pod(job))  # ... and its pod Running, while the task does not name it yet
+    for sent in parts.executor.creating.values():
+        sent.retry_at = 0.0  # the lookup is due now
+    await parts.loop.run_once()
+    await parts.loop.run_once()
+    status = parts.status("t")
+    assert (status["phase"], status["jobName"], parts.job_creates()) == ("Running", "t-1", ["t-1"])

@@ -205,6 +205,9 @@ class Controller:
         self._restoring: list[tuple[str, TaskRecord]] | None = None  # during a rebuild: (Job created, record)
         self.pod_problems: dict[str, str] = {}  # Job key -> why its pod does not start (Unschedulable)
         self.disrupted: dict[str, tuple[str, str]] = {}  # Job key -> (DisruptionTarget reason, message) of its pod
+        # Job key -> "pod P of Job J is Running": a pod that started while its Job's create was still unconfirmed
+        # (its answer lost, or not back yet); said once the task is admitted with that Job (:meth:`admitted_with`).
+        self.early_starts: dict[str, str] = {}
 
     # -- lookups ------------------------------------------------------------------------------------
     def record_by_uid(self, uid: str) -> TaskRecord | None:
@@ -270,9 +273,14 @@ class Controller:
         if job is None:
             return
         record = self.by_uid.get(job.task_uid)
+        status = pod.get("status") or {}
+        if record is not None and record.creating == job.name and record.job_name != job.name:
+            if not deleted and status.get("phase") in STARTED_POD_PHASES:
+                name = (pod.get("metadata") or {}).get("name")
+                self.early_starts[job.key] = f"pod {name} of Job {job.name} is {status['phase']}"
+            return
         if record is None or record.job_name != job.name:
             return
-        status = pod.get("status") or {}
         self._note_disruption(pod, job)
         if not deleted and status.get("phase") in STARTED_POD_PHASES:
             self.pod_problems.pop(job.key, None)
@@ -284,6 +292,13 @@ class Controller:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
                 name = (pod.get("metadata") or {}).get("name")
                 self.pod_problems[job.key] = f"pod {name} is {cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+
+    def admitted_with(self, record: TaskRecord) -> None:
+        """The task was just admitted with its Job (created, or found after a lost answer): a pod of that Job seen
+        started before (while the create was unconfirmed) makes it Running now, as no later pod event may come."""
+        message = self.early_starts.pop(f"{record.namespace}/{record.job_name}", None)
+        if message is not None and record.phase == ADMITTED:
+            self.outbox.append(Report("running", record, message))
 
     def _note_disruption(self, pod: Mapping[str, Any], job: JobRecord) -> None:
         """Remember a pod the system disrupted (``DisruptionTarget`` True with a reason of
@@ -525,6 +540,7 @@ class Controller:
         if not self._pods_outlive(job, held) and held is not None:
             self.scheduler.finish(held)
         self.disrupted.pop(job.key, None)
+        self.early_starts.pop(job.key, None)
         record = self.by_uid.get(job.task_uid)
         if record is None:
             return

@@ -249,6 +249,7 @@ class Executor:
         self.controller.started(record, time.time())
         await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
                                         message=message)
+        self.controller.admitted_with(record)  # its pod may have started while the create's answer was awaited
 
     def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
         """Keep the booking of a create whose outcome is unknown; look the Job up after the next backoff step."""
