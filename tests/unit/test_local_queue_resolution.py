@@ -264,3 +264,25 @@ def test_a_local_queue_being_deleted_counts_the_tasks_it_keeps_waiting() -> None
     assert (before, after["pendingTasks"], [t.key for t in c.scheduler.pending], after["conditions"][0]["reason"]) == (
         1, 1, [], "Terminating",
     )  # fmt: skip
+
+
+def test_a_cluster_queue_being_deleted_reports_itself_terminating_with_its_admitted_tasks() -> None:
+    """A GPUClusterQueue deleted under a running task keeps writing its status (Active False, Kueue's
+    Terminating, its admitted task counted) and its GPULocalQueue says it is being deleted, not missing."""
+    from gputask.k8s.queue_status import local_queue_statuses, queue_statuses
+
+    c = controller()
+    c.on_local_queue(local_queue("gpus", "ns", "cq"))
+    c.on_task(gputask("run", "gpus"))
+    c.scheduler.cycle(time.time())
+    c.on_queue(cluster_queue("cq", deletionTimestamp="2026-12-01T10:00:00Z", finalizers=["gputask.io/queue-in-use"]))
+    cluster, local = queue_statuses(c), local_queue_statuses(c)
+    (cq_active,), (lq_active,) = cluster["cq"]["conditions"], local[("ns", "gpus")]["conditions"]
+    assert (
+        cluster["cq"]["admittedTasks"], (cq_active["status"], cq_active["reason"], cq_active["message"]),
+        (lq_active["status"], lq_active["reason"], lq_active["message"]),
+    ) == (
+        1, ("False", "Terminating", "being deleted: admits nothing new; goes once its admitted tasks finish"),
+        ("False", "ClusterQueueIsInactive", "GPUClusterQueue 'cq' is inactive: it is being deleted, and waits for its "
+                                            "admitted tasks to finish (its finalizer stays until then)"),
+    )  # fmt: skip

@@ -772,6 +772,22 @@ def test_a_scenario_with_flavors_charges_each_and_its_table_sums_them(tmp_path: 
     )
 
 
+def test_the_tasks_table_names_its_gpu_column_as_indices_not_a_count() -> None:
+    """The tasks table heads its GPU column "GPU index" (a task on GPUs 0 and 1 shows 0,1): "GPUs 0" read as none."""
+    from rich.console import Console
+
+    from gputask.sim.scenario_report import print_table
+
+    result = run_scenario(scenario([node("node-a", "24Gi", "24Gi")], [submit("x", gpus=2)]))
+    console = Console(width=160, record=True)
+    print_table(result, console)
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if " task " in line)
+    row = next(line for line in lines if "default/x" in line)
+    cells = [c.strip() for c in header.strip("┃ ").split("┃")], [c.strip() for c in row.strip("│ ").split("│")]
+    assert (cells[0][3], cells[1][3]) == ("GPU index", "0,1")
+
+
 def test_plot_title_counts_outcomes_and_bad_plot_paths_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                               ) -> None:
     """The plot's title says how many finished and what is left at the end (never "makespan None"); the table

@@ -26,12 +26,13 @@ from gputask.k8s.client import (
     Resource,
 )
 from gputask.k8s.controller import Controller
-from gputask.k8s.inventory import QUEUE_FINALIZER
+from gputask.k8s.inventory import QUEUE_FINALIZER, TERMINATING
 from gputask.k8s.writer import Fenced, Writer, now_rfc3339
 
 log = logging.getLogger("gputask.queues")
 
 QueueId = tuple[str | None, str]  # (namespace, name); namespace None for a GPUClusterQueue
+TERMINATING_MESSAGE = "being deleted: admits nothing new; goes once its admitted tasks finish"
 FLAVOR = "\x00flavor"  # the "namespace" of a GPUResourceFlavor's id (cluster-scoped; no namespace is named so)
 
 
@@ -121,7 +122,11 @@ def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     inventory = controller.inventory
     for name, report in controller.scheduler.queue_status().items():
-        if name not in controller.scheduler.quotas.specs and name not in inventory.queue_errors:
+        if (
+            name not in controller.scheduler.quotas.specs
+            and name not in inventory.queue_errors
+            and not _terminating(controller, name)
+        ):
             continue
         usage, borrowed = report["usage"], report["borrowed"]
         assert isinstance(usage, dict) and isinstance(borrowed, dict)
@@ -133,7 +138,17 @@ def queue_statuses(controller: Controller) -> dict[str, dict[str, Any]]:
         }
     for name, error in inventory.queue_errors.items():
         out.setdefault(name, {"conditions": [_active(error)]})
+    for name, meta in inventory.queue_meta.items():  # being deleted with nothing admitted or pending: going
+        if meta.terminating:
+            active = _queue_active(controller, name)
+            out.setdefault(name, {"pendingTasks": 0, "admittedTasks": 0, "conditions": [active]})
     return out
+
+
+def _terminating(controller: Controller, name: str) -> bool:
+    """GPUClusterQueue ``name`` is being deleted (its finalizer holds it while tasks it admitted run)."""
+    meta = controller.inventory.queue_meta.get(name)
+    return meta is not None and meta.terminating
 
 
 def _queue_active(controller: Controller, name: str) -> dict[str, Any]:
@@ -142,6 +157,8 @@ def _queue_active(controller: Controller, name: str) -> dict[str, Any]:
     error = controller.inventory.queue_errors.get(name)
     if error is not None:
         return _active(error)
+    if _terminating(controller, name):  # Kueue: Active False, reason Terminating
+        return _active(TERMINATING_MESSAGE, "Terminating")
     spec, scheduler = controller.scheduler.quotas.specs.get(name), controller.scheduler
     if spec is not None and spec.stop_policy != "None":  # Kueue: Active False, reason Stopped
         return _active(f"stopPolicy {spec.stop_policy}: admits nothing new", "Stopped")
@@ -227,9 +244,11 @@ def local_queue_statuses(controller: Controller) -> dict[QueueId, dict[str, Any]
         if lq.error is not None:
             reason, error = "InvalidSpec", lq.error
         elif lq.terminating:
-            reason, error = "Terminating", "being deleted: admits nothing new; goes once its admitted tasks finish"
+            reason, error = "Terminating", TERMINATING_MESSAGE
         elif lq.cluster_queue not in queues:  # Kueue's reason: ClusterQueueIsInactive
             why = controller.inventory.queue_errors.get(str(lq.cluster_queue))
+            if why is None and _terminating(controller, str(lq.cluster_queue)):
+                why = TERMINATING
             reason = "ClusterQueueIsInactive"
             error = f"GPUClusterQueue {lq.cluster_queue!r} " + (f"is inactive: {why}" if why else "does not exist")
         elif (target := _queue_active(controller, str(lq.cluster_queue)))["status"] == "False":

@@ -39,7 +39,7 @@ def print_table(result: dict[str, Any], console: Console | None = None) -> None:
 
 def _tasks_table(tasks: list[dict[str, Any]]) -> Table:
     table = Table(title="tasks")
-    for name in ("task", "phase", "node", "GPUs"):
+    for name in ("task", "phase", "node", "GPU index"):  # NVML indices; "GPUs 0" read as a count
         table.add_column(name)
     for name in ("MiB per GPU", "attempt", "admitted at", "finished at"):
         table.add_column(name, justify="right")
