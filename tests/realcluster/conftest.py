@@ -24,16 +24,14 @@ import pytest
 import yaml
 
 from gputask.testing.controlplane import ControlPlane, ControlPlaneUnavailable
-from helmtool import find_helm, render
 from realcluster.realstack import (
     AUDIT_POLICY,
-    CONFIG_OVERRIDES,
     NAMESPACE,
-    RBAC_KINDS,
     REASON,
     REPO,
     Installed,
     example_gpunodes,
+    install_chart_rbac,
 )
 
 
@@ -72,14 +70,7 @@ def installed(control_plane: ControlPlane, crds: list[dict[str, Any]], tmp_path_
               ) -> Iterator[Installed]:
     """gputask as the chart installs it: its RBAC and ServiceAccounts, a node agent per hollow node and two
     operator processes (leader election) running as the chart's ServiceAccounts."""
-    helm = find_helm()
-    assert helm is not None
-    rendered = render(helm, namespace=NAMESPACE)
-    control_plane.kubectl("create", "namespace", NAMESPACE)
-    rbac = [doc for doc in rendered if doc["kind"] in RBAC_KINDS]
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
-    config_map = next(d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gputask-config")
-    config = yaml.safe_load(config_map["data"]["config.yaml"]) | CONFIG_OVERRIDES
+    config = install_chart_rbac(control_plane)
     config_path = tmp_path_factory.mktemp("gputask") / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     found = Installed(

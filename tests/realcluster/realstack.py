@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gputask.testing.controlplane import ControlPlane, free_port, missing_prerequisites
-from helmtool import find_helm
+from helmtool import find_helm, render
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -123,3 +123,17 @@ class Installed:
         self.cp.launch(f"agent-{node}", argv, env)
 
 
+
+
+def install_chart_rbac(plane: ControlPlane, **overrides: Any) -> dict[str, Any]:
+    """Create NAMESPACE and apply the chart's ServiceAccounts, roles and bindings there (``helm template`` of
+    ``charts/gputask`` with its default values); return the chart's operator configuration (its ConfigMap's
+    ``config.yaml``) with CONFIG_OVERRIDES and ``overrides`` on top. Raises AssertionError without helm."""
+    helm = find_helm()
+    assert helm is not None
+    rendered = render(helm, namespace=NAMESPACE)
+    plane.kubectl("create", "namespace", NAMESPACE)
+    rbac = [doc for doc in rendered if doc["kind"] in RBAC_KINDS]
+    plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+    config_map = next(d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gputask-config")
+    return dict(yaml.safe_load(config_map["data"]["config.yaml"]) | CONFIG_OVERRIDES | overrides)

@@ -33,8 +33,7 @@ import yaml
 from gputask.core.model import GpuSlot, NodeName, Placement
 from gputask.k8s.jobs import build_job
 from gputask.testing.controlplane import ControlPlane, ControlPlaneUnavailable, free_port
-from helmtool import find_helm, render
-from realcluster.realstack import CONFIG_OVERRIDES, NAMESPACE, RBAC_KINDS, REASON, REPO, Installed, wait_for
+from realcluster.realstack import NAMESPACE, REASON, REPO, Installed, install_chart_rbac, wait_for
 
 pytestmark = [
     pytest.mark.realcluster,
@@ -206,14 +205,7 @@ def lossy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lossy]:
     try:
         plane.kubectl("apply", "-f", str(REPO / "crds"))
         plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
-        helm = find_helm()
-        assert helm is not None
-        rendered = render(helm, namespace=NAMESPACE)
-        plane.kubectl("create", "namespace", NAMESPACE)
-        rbac = [d for d in rendered if d["kind"] in RBAC_KINDS]
-        plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
-        config_map = next(d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gputask-config")
-        config = yaml.safe_load(config_map["data"]["config.yaml"]) | CONFIG_OVERRIDES | {"podStartTimeout": "10s"}
+        config = install_chart_rbac(plane, podStartTimeout="10s")
         folder = tmp_path_factory.mktemp("lossy")
         (folder / "config.yaml").write_text(yaml.safe_dump(config))
         proxy.start()
