@@ -14,11 +14,13 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 
 from gputask.k8s.jobs import parse_placement
+from gputask.testing.controlplane import ControlPlane
 from realcluster.realstack import EXAMPLES, OPERATOR_USER, REASON, Installed, example_gpunodes, wait_for
 
 pytestmark = [
@@ -223,8 +225,12 @@ def test_a_failed_nodes_gpus_stay_held_until_its_old_pod_is_gone(emptied: Instal
     seen: list[tuple[bool, bool]] = []  # (pod hold-a-1-* exists unfinished, Job hold-b-1 exists), at each look
 
     def look() -> tuple[bool, bool]:
+        # The Job first: seen at t1 and the pod unfinished at t2 > t1 means both at t2 (hold-b-1 is not deleted
+        # here). Read the other way round, the kubelet could finish the pod and the operator create the Job
+        # between the two reads (each a kubectl call), and an overlap that never was would be seen.
+        job = installed.get("job", "hold-b-1") is not None
         state = (any(p["status"].get("phase") not in ("Succeeded", "Failed") for p in pods_of(installed, "hold-a-1")),
-                 installed.get("job", "hold-b-1") is not None)
+                 job)
         if not seen or seen[-1] != state:
             seen.append(state)
         return state
@@ -355,6 +361,14 @@ def test_the_api_server_killed_during_a_burst_of_job_creates_loses_nothing(empti
         {"apiVersion": "v1", "kind": "List", "items": queue("burst", 1000, "1Ti", namespace=BURST_NAMESPACE)}))
 
 
+def while_starting(cp: ControlPlane, event: dict[str, Any]) -> bool:
+    """True when the audited request reached kube-apiserver while it was starting again after a stop (until its
+    /readyz said ok): its RBAC caches are still filling then, and it forbids every identity alike; the operator
+    retries those requests (seen after the burst test's SIGKILL, never outside such a window)."""
+    received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+    return any(stopped <= received <= ready for stopped, ready in cp.api_outages)
+
+
 def test_the_operator_gets_no_403_as_the_charts_service_account(emptied: Installed) -> None:
     """Through admission, node failure, a taint eviction, the API server's restart (the tests before), a Job
     relabelled after ``kubectl label job J gputask.io/task-``, a preemption and the deletion of queues (their
@@ -381,7 +395,8 @@ def test_the_operator_gets_no_403_as_the_charts_service_account(emptied: Install
     audited = installed.cp.audit_events()
     forbidden = sorted({(e["verb"], (e.get("objectRef") or {}).get("resource", ""),
                          (e.get("objectRef") or {}).get("subresource", "")) for e in audited
-                        if e["user"]["username"] == OPERATOR_USER and e["responseStatus"]["code"] == 403})
+                        if e["user"]["username"] == OPERATOR_USER and e["responseStatus"]["code"] == 403
+                        and not while_starting(installed.cp, e)})
     relabels = [e["responseStatus"]["code"] for e in audited if e["user"]["username"] == OPERATOR_USER
                 and e["verb"] == "patch" and (e.get("objectRef") or {}).get("resource") == "jobs"]
     assert (forbidden, 200 in relabels) == ([], True)

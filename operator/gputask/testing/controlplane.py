@@ -253,6 +253,10 @@ class ControlPlane:
     components: dict[str, Component] = field(default_factory=dict, init=False)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False)
     api_port: int = field(default=0, init=False)
+    api_outages: list[tuple[float, float]] = field(default_factory=list, init=False)
+    """(stopped, ready again) in wall-clock seconds (``time.time()``) for each stop and start of kube-apiserver
+    here: while it starts its authorizer's caches are still filling, and it may answer 403 to any identity."""
+    _api_stopped_at: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.node_names = [f"hollow-{i}" for i in range(self.nodes)] if isinstance(self.nodes, int) else list(
@@ -342,6 +346,7 @@ class ControlPlane:
         """SIGKILL a component (a node name, ``kube-apiserver``...) and reap it: to the cluster, a crash."""
         component = self.components[name]
         if component.process is not None and component.process.poll() is None:
+            self._note_stop(name)
             os.killpg(component.process.pid, signal.SIGKILL)
             component.process.wait()
 
@@ -356,14 +361,22 @@ class ControlPlane:
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Stop a component (SIGTERM, then SIGKILL) and start it again with the same flags; for the API server
         wait until it is ready again, for a node until it is Ready."""
+        self._note_stop(name)
         self._terminate(self.components[name])
         self.start_component(name, timeout_s)
+
+    def _note_stop(self, name: str) -> None:
+        if name == "kube-apiserver" and self._api_stopped_at is None:
+            self._api_stopped_at = time.time()
 
     def start_component(self, name: str, timeout_s: float = 60.0) -> None:
         """Start a stopped or killed component again (same flags, same data) and wait as :meth:`restart` does."""
         self._spawn(name)
         if name == "kube-apiserver":
             self.wait_ready(timeout_s)
+            if self._api_stopped_at is not None:
+                self.api_outages.append((self._api_stopped_at, time.time()))
+                self._api_stopped_at = None
         elif name in self.node_names:
             self.wait_nodes_ready([name], timeout_s)
 
