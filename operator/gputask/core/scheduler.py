@@ -1054,19 +1054,9 @@ class Scheduler:
         return spec is not None and namespace_refusal(task, spec) is not None
 
     def parked_by_queue(self) -> dict[str, int]:
-        """Per queue, its pending tasks it never admits (:meth:`never_admits`); only queues whose
-        namespaceSelector is not the empty one (which selects every namespace) are looked through."""
-        out: dict[str, int] = {}
-        for name, spec in self.quotas.specs.items():
-            if spec.namespace_selector is not None and not (
-                    spec.namespace_selector.match_labels or spec.namespace_selector.match_expressions):
-                continue
-            verdicts: dict[object, bool] = {}
-            for task in self.pending.in_queue(name, 0, len(self.pending.queue_orders().get(name, []))):
-                if task.namespace_labels not in verdicts:
-                    verdicts[task.namespace_labels] = namespace_refusal(task, spec) is not None
-                out[name] = out.get(name, 0) + verdicts[task.namespace_labels]
-        return out
+        """Per queue, its pending tasks it never admits (:meth:`never_admits`), as the last cycle said them
+        (NamespaceNotAllowed): read off the waits' counts, so it costs the queues and reasons, not the tasks."""
+        return {queue: n for (queue, reason), n in self.waiting_by_reason.items() if reason == NAMESPACE_NOT_ALLOWED}
 
     def gate(self, task: Task) -> Wait | None:
         """The queue-level reason ``task`` would wait for before any node is looked at (its queue missing,
