@@ -34,6 +34,7 @@ from gputask.config import Config
 from gputask.core import InvalidTaskError, NodeName, Placement, Scheduler, Task, TaskKey, make_policy, task_key
 from gputask.core.budget import MemoryBudget, Overuse, overuse_text
 from gputask.core.reasons import Reason
+from gputask.k8s import records
 from gputask.k8s.foreign import ForeignPods
 from gputask.k8s.inventory import Inventory
 from gputask.k8s.jobs import (
@@ -47,19 +48,18 @@ from gputask.k8s.jobs import (
 from gputask.k8s.lingering import GoneJob, PodsOfJobs
 from gputask.k8s.localqueues import LocalQueues
 from gputask.k8s.names import fit_name
-from gputask.k8s.tasks import (
+from gputask.k8s.records import (
     ADMITTED,
     FAILED,
     FINISHED_PHASES,
     PENDING,
     PLACED_PHASES,
-    POSITION_SUFFIX,
     RUNNING,
     SUCCEEDED,
-    Backoff,
     TaskRecord,
-    status_behind,
+    TaskRecords,
 )
+from gputask.k8s.tasks import status_behind
 from gputask.k8s.usage import pod_memory, sound_pod_memory
 from gputask.manifests import convert
 
@@ -193,9 +193,8 @@ class Controller:
         self.over_budget: dict[TaskKey, tuple[Overuse, ...]] = {}  # running tasks over their GPU memory budget
         self.inventory = Inventory(self.scheduler, self.config, self.foreign, our_pods=self.task_pods)
         self.local_queues = LocalQueues()
-        self.tasks: dict[TaskKey, TaskRecord] = {}
-        self.by_uid: dict[str, TaskRecord] = {}
-        self.in_namespace: dict[str, set[TaskKey]] = {}  # task keys by namespace (a namespace's event touches these)
+        self.records = TaskRecords()  # the one owner of task records (gputask.k8s.records)
+        self.tasks, self.by_uid, self.in_namespace = self.records.tasks, self.records.by_uid, self.records.in_namespace
         self.jobs: dict[str, JobRecord] = {}  # by "namespace/name"
         self.jobs_of_task: dict[str, dict[str, JobRecord]] = {}  # task uid -> Job key -> Job
         self.held: dict[str, TaskKey] = {}  # departing Job key -> holding key in the scheduler
@@ -239,7 +238,7 @@ class Controller:
             self.hold(job)  # Kueue mode: Kueue books the GPUs of a suspended Job; gputask holds only departing ones
             if record is not None and self._unseen_end(record, job):
                 self.scheduler.finish(record.key)  # its run ended while nobody knew: done, never run again
-                record.job_name, record.attempt, record.placement = job.name, job.attempt, None
+                records.ended_unseen(record, job.name, job.attempt)
                 self.outbox.append(Report("finished", record, job.outcome or ""))
         if current and job.outcome is not None:
             assert record is not None
@@ -595,12 +594,10 @@ class Controller:
             self._forget(record)  # re-created under the same name: a new task
             record = None
         if record is None:
-            record = TaskRecord(key, str(meta.get("uid")), obj)
-            self.tasks[key], self.by_uid[record.uid] = record, record
-            self.in_namespace.setdefault(record.namespace, set()).add(key)
+            record = self.records.add(key, str(meta.get("uid")), obj)
             self._adopt_status(record, obj)
         old_spec, old_labels = record.obj.get("spec"), (record.obj["metadata"].get("labels") or {})
-        record.obj, record.whole_at = obj, meta.get("resourceVersion")
+        records.took_object(record, obj)
         changed = old_spec != obj.get("spec") or old_labels != (meta.get("labels") or {})
         if record.phase in PLACED_PHASES:
             if changed:
@@ -622,27 +619,23 @@ class Controller:
             return
         self._unblock(record)
         try:
-            record.task = self._queued(record, self.convert_task(record.obj))
+            task = self._queued(record, self.convert_task(record.obj))
         except InvalidTaskError as exc:
-            record.task = None
+            records.converted(record, None)
             self.scheduler.finish(record.key)
             if exc.reason in WAITING_REASONS:
                 self._block(record, exc)
             else:
-                record.invalid, record.blocked = (exc.reason, exc.message), None
+                records.refused(record, exc.reason, exc.message)
                 self.outbox.append(Report("invalid", record))
             return
-        record.generation = int(record.obj["metadata"].get("generation") or 0)
-        record.invalid = record.blocked = None
-        if record.backoff.failures and record.backoff.generation != record.generation:
-            record.backoff = Backoff()  # a new spec: its Job is tried at once
+        records.converted(record, task)
+        if records.queued(record):  # a new spec: its Job is tried at once
             self.scheduler.undefer(record.key)
-        if record.phase == FAILED:  # an invalid spec mended: it is a pending task again
-            record.phase = PENDING
         if self.config.queueing == "kueue":
             return  # Kueue admits; gputask places when Kueue asks (gputask.k8s.kueue_admission)
         self.scheduler.set_reschedules(record.key, record.reschedules)
-        self.scheduler.submit(record.task)
+        self.scheduler.submit(task)
 
     def _queued(self, record: TaskRecord, task: Task) -> Task:
         """``task`` with its queue name resolved to the GPUClusterQueue that admits it (gputask mode; in Kueue
@@ -684,11 +677,10 @@ class Controller:
                 if current is not None:
                     task = replace(task, queue=current.queue, local_queue=current.local_queue)
         except InvalidTaskError as exc:
-            record.revision, record.revision_error = None, (exc.reason, exc.message)
+            records.revised(record, None, (exc.reason, exc.message))
             self.scheduler.revise(record.key, None)
         else:
-            record.revision = (task, int(record.obj["metadata"].get("generation") or 0))
-            record.revision_error = None
+            records.revised(record, task)
             self.scheduler.revise(record.key, task)
         if spec_changed:
             self.outbox.append(Report("spec-ignored", record))
@@ -696,7 +688,7 @@ class Controller:
     def _block(self, record: TaskRecord, exc: InvalidTaskError) -> None:
         """Wait outside the queues until the named priority class exists, or the queue name leads to a
         GPUClusterQueue (GitOps order: tasks applied before their queues)."""
-        record.blocked, record.invalid = (exc.reason, exc.message), None
+        records.block(record, exc.reason, exc.message)
         if exc.reason == PRIORITY_CLASS_NOT_FOUND:
             self.blocked_on.setdefault(convert.priority_class_name(record.obj) or "", set()).add(record.key)
         self.outbox.append(Report("blocked", record))
@@ -717,7 +709,7 @@ class Controller:
         for key in sorted(self.blocked_on.pop(name, set())) if not deleted else ():
             record = self.tasks.get(key)
             if record is not None and record.blocked is not None:
-                record.blocked = None
+                records.unblock(record)
                 self.requeue(record)
 
     # -- queues -------------------------------------------------------------------------------------
@@ -752,36 +744,25 @@ class Controller:
     def _adopt_status(self, record: TaskRecord, obj: Mapping[str, Any]) -> None:
         """After a restart: take attempt and conditions from status and the placement from our Job."""
         status = obj.get("status") or {}
-        record.attempt = _int(status.get("attempt"))
-        record.reschedules = _int(status.get("reschedules"))
-        record.admitted_at = status.get("admittedAt") if isinstance(status.get("admittedAt"), str) else None
-        for cond in status.get("conditions") or []:
-            if isinstance(cond, Mapping) and "type" in cond:
-                record.conditions[cond["type"]] = dict(cond)
-        if status.get("phase") in FINISHED_PHASES:
-            record.phase = status["phase"]
-            return
-        waited = record.conditions.get("Admitted")
-        if status.get("phase") == PENDING and waited and waited.get("status") == "False":
-            # the wait it was last told, so the first cycle after a restart posts no Event and writes no status
-            # for a task that still waits for the same reason (tens of thousands of them, at scale)
-            message = POSITION_SUFFIX.sub("", str(waited.get("message") or ""))
-            record.last_wait = (str(waited.get("reason") or ""), message)
+        attempt, reschedules = _int(status.get("attempt")), _int(status.get("reschedules"))
+        if records.adopt_status(record, status, attempt=attempt, reschedules=reschedules):
+            return  # finished
         job = self._booked_job(record, status.get("jobName"))
         if job is None or job.placement is None:
             return
         if job.outcome is not None:  # it ended while no operator watched: say so now
-            record.phase, record.job_name, record.attempt = ADMITTED, job.name, job.attempt
+            records.ended_unseen(record, job.name, job.attempt, phase=ADMITTED)
             self.outbox.append(Report("finished", record, job.outcome))
             return
         try:
-            record.task = self._placed_in(record, self.convert_task(obj), status.get("queue"))
+            task = self._placed_in(record, self.convert_task(obj), status.get("queue"))
         except InvalidTaskError:
             return
-        record.generation = int(status.get("observedGeneration") or obj["metadata"].get("generation") or 0)
-        record.phase = RUNNING if status.get("phase") == RUNNING else ADMITTED
-        record.attempt, record.job_name, record.placement = job.attempt, job.name, job.placement
-        record.flavor = job.flavor or str(status.get("flavor") or "")  # where it was charged: restored there
+        records.restored(
+            record, task, generation=int(status.get("observedGeneration") or obj["metadata"].get("generation") or 0),
+            phase=RUNNING if status.get("phase") == RUNNING else ADMITTED, job_name=job.name, attempt=job.attempt,
+            placement=job.placement, flavor=job.flavor or str(status.get("flavor") or ""),  # restored where charged
+        )
         self.scheduler.set_reschedules(record.key, record.reschedules)
         if self._restoring is not None:
             self._restoring.append((job.created, record))  # restored in Job creation order (rebuild)
@@ -806,7 +787,7 @@ class Controller:
         assert record.task is not None and record.placement is not None
         restored = self.scheduler.restore(record.task, record.placement, time.time(), flavor=record.flavor or None)
         entry = self.scheduler.ledger.get(record.key)
-        record.flavor = entry.task.flavor if entry is not None else ""
+        records.charged_in(record, entry.task.flavor if entry is not None else "")
         if not restored:
             node = record.placement.node
             message = f"Job {record.job_name} shares a GPU of {node} with an earlier Job beyond its memory"
@@ -819,7 +800,7 @@ class Controller:
         record = self.tasks.get(key)
         if record is None or record.uid != meta.get("uid"):
             return None
-        record.deleting = True
+        records.deleting(record)
         job = self.job_of(record)
         if job is not None and job.outcome is None and (record.phase in PLACED_PHASES or record.creating == job.name):
             self.scheduler.finish(key)
@@ -831,13 +812,7 @@ class Controller:
         self._unblock(record)
         self.local_queues.forget(record.key)
         self.scheduler.finish(record.key)
-        if self.tasks.get(record.key) is record:
-            del self.tasks[record.key]
-            keys = self.in_namespace.get(record.namespace, set())
-            keys.discard(record.key)
-            if not keys:
-                self.in_namespace.pop(record.namespace, None)
-        self.by_uid.pop(record.uid, None)
+        self.records.forget(record)
 
     # -- restart ------------------------------------------------------------------------------------
     def _gone_job_of_pod(self, pod: Mapping[str, Any]) -> JobRecord | None:

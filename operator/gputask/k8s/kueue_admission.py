@@ -36,6 +36,7 @@ from typing import Any
 
 from gputask.core import OverCommitError, Placement, TaskKey
 from gputask.core.reasons import explain
+from gputask.k8s import records
 from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
@@ -129,8 +130,8 @@ class KueueAdmission:
                 continue  # its node is gone: Kueue's node-failure handling evicts it
             self.controller.scheduler.restore(record.task, placement, time.time(), charge=False)
             self.held[key] = record.key
-            record.placement = placement
-            record.phase = RUNNING if (record.obj.get("status") or {}).get("phase") == RUNNING else ADMITTED
+            records.placed_again(record, placement, RUNNING if (record.obj.get("status") or {}).get("phase") == RUNNING
+                                 else ADMITTED)
         await self.register()
 
     # -- the AdmissionCheck -----------------------------------------------------------------------
@@ -221,7 +222,7 @@ class KueueAdmission:
         if job is None or job.terminating:
             job = controller.job_of(record)
         if job is not None:
-            record.job_name, record.attempt = job.name, max(record.attempt, job.attempt)
+            records.with_job(record, job.name, job.attempt)
             if job.outcome is not None:
                 async with self.gate:
                     controller.scheduler.finish(record.key)
@@ -240,7 +241,7 @@ class KueueAdmission:
             return False
         async with self.gate:
             controller.on_job(created)
-        record.attempt, record.job_name, record.placement = attempt, body["metadata"]["name"], None
+        records.kueue_job(record, body["metadata"]["name"], attempt)
         message = (
             f"Job {record.job_name} waits suspended until Kueue admits it through LocalQueue {record.task.queue!r}"
         )
@@ -337,7 +338,7 @@ class KueueAdmission:
         message = str(evicted.get("message") or f"Kueue released the quota of Workload {key}")
         job_name = record.job_name  # Kueue keeps the Job (suspended again): it stays the task's
         await self.executor.transitions.evicted(record, reason, message)
-        record.job_name = job_name
+        records.with_job(record, job_name, record.attempt)
 
     async def _write(self, key: str, wl: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
         """Write our admissionChecks entry (optimistic concurrency); the stored Workload, or None."""
