@@ -246,10 +246,10 @@ def finished(record: TaskRecord, outcome: str, message: str) -> None:
     set_condition(record, "Finished", True, outcome, message)
 
 
-def status_written(record: TaskRecord, stored: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-    """A status write succeeded: ``stored`` is the object the API returned (``status``: what was sent)."""
+def status_written(record: TaskRecord, stored: Mapping[str, Any], status: Mapping[str, Any], sent: Any) -> None:
+    """A status write that carried resourceVersion ``sent`` succeeded: ``stored`` is the object the API returned
+    (``status``: what was sent)."""
     meta = record.obj["metadata"]
-    sent = meta.get("resourceVersion")
     meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", sent)
     record.obj["status"] = stored.get("status", status)
     # the write carried the version it changed (a conflict otherwise) and changes only the status: when

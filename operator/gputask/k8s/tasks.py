@@ -259,7 +259,7 @@ class Transitions:
             except ApiError as exc:
                 log.warning("status patch of %s failed: %s; tried again later", record.key, exc)
                 return REFUSED
-            records.status_written(record, stored, status)
+            records.status_written(record, stored, status, body["metadata"]["resourceVersion"])
             return WRITTEN
         log.warning("status patch of %s kept conflicting; tried again later", record.key)
         return REFUSED
