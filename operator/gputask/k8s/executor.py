@@ -45,13 +45,16 @@ from gputask.k8s.client import (
     Unanswered,
     doubling_backoff_s,
 )
-from gputask.k8s.controller import PLACEMENT_CONFLICT, SYSTEM_DISRUPTIONS, Controller, JobRecord, Report, job_record
+from gputask.k8s.controller import Controller
+from gputask.k8s.jobrecords import SYSTEM_DISRUPTIONS, JobRecord, job_record
 from gputask.k8s.jobs import build_job
 from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
 from gputask.k8s.pinner import PINNING_UNAVAILABLE, Pinner
 from gputask.k8s.pinning import Pinning
 from gputask.k8s.queue_status import QueueUpkeep
+from gputask.k8s.records import PLACEMENT_CONFLICT
 from gputask.k8s.relabel import JobFeed, Relabeler
+from gputask.k8s.reports import Report, ReportKind
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe, set_condition
 from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
@@ -489,31 +492,31 @@ class Executor:
         """Publish what the controller queued: invalid specs, waits, finished Jobs, running pods."""
         for report in reports:
             record, t = report.record, self.transitions
-            if report.kind == "invalid" and record.invalid is not None:
+            if report.kind == ReportKind.INVALID and record.invalid is not None:
                 await t.invalid(record)
-            elif report.kind == "blocked" and record.blocked is not None:
+            elif report.kind == ReportKind.BLOCKED and record.blocked is not None:
                 await t.blocked(record, *record.blocked)
-            elif report.kind == "spec-ignored" and record.phase in PLACED_PHASES:
+            elif report.kind == ReportKind.SPEC_IGNORED and record.phase in PLACED_PHASES:
                 message = (f"spec changed while Job {record.job_name} runs: it applies at the task's next admission "
                            "(after an eviction); delete and re-create the GPUTask to apply it now")
                 await t.note(record, "Warning", "SpecChangeIgnored", message)
-            elif report.kind == "deprecated-queue" and record.phase == PENDING:
+            elif report.kind == ReportKind.DEPRECATED_QUEUE and record.phase == PENDING:
                 message = deprecation_message(record.namespace, report.detail)
                 await t.note(record, "Warning", DEPRECATED_QUEUE_NAME, message)
-            elif report.kind == "finished":
+            elif report.kind == ReportKind.FINISHED:
                 job = self.controller.jobs.get(f"{record.namespace}/{record.job_name}")
                 await t.finished(record, report.detail, job.why if job is not None else "")
-            elif report.kind == "running" and record.phase == ADMITTED:
+            elif report.kind == ReportKind.RUNNING and record.phase == ADMITTED:
                 await t.running(record, report.detail)
-            elif report.kind == "restored":
+            elif report.kind == ReportKind.RESTORED:
                 await t.publish(record, report.detail)
-            elif report.kind == "delete-job":
+            elif report.kind == ReportKind.DELETE_JOB:
                 await self.delete_job(record)
-            elif report.kind in ("gpus-held", "gpus-released"):
-                await t.gpus_held(record, report.detail, held=report.kind == "gpus-held")
-            elif report.kind in ("over-budget", "within-budget") and record.phase in PLACED_PHASES:
-                await self.memory_budget(record, report.kind == "within-budget", report.detail)
-            elif report.kind == "stray-job" and report.detail in self.controller.jobs:
+            elif report.kind in (ReportKind.GPUS_HELD, ReportKind.GPUS_RELEASED):
+                await t.gpus_held(record, report.detail, held=report.kind == ReportKind.GPUS_HELD)
+            elif report.kind in (ReportKind.OVER_BUDGET, ReportKind.WITHIN_BUDGET) and record.phase in PLACED_PHASES:
+                await self.memory_budget(record, report.kind == ReportKind.WITHIN_BUDGET, report.detail)
+            elif report.kind == ReportKind.STRAY_JOB and report.detail in self.controller.jobs:
                 job = self.controller.jobs[report.detail]
                 self.metrics.strays.inc()
                 self.deletions[job.key] = Deletion(job, "Background")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from gputask.core import TaskKey
 
 if TYPE_CHECKING:  # the controller imports this module
-    from gputask.k8s.controller import JobRecord
+    from gputask.k8s.jobrecords import JobRecord
 
 HELD_NOTE = re.compile(r"; GPUs on node \S+ held until pods? .+ (?:is|are) gone$")
 """What :func:`held_note` adds at the end of a condition's message (to take it off again)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputask.core import Placement, Task, TaskKey
+from gputask.core.reasons import Reason
 from gputask.k8s.timestamps import now_rfc3339
 
 PENDING, ADMITTED, RUNNING, SUCCEEDED, FAILED = "Pending", "Admitted", "Running", "Succeeded", "Failed"
@@ -33,6 +34,11 @@ PLACED_PHASES = (ADMITTED, RUNNING)
 JOB_FAILED = "JobFailed"  # the Admitted condition's reason once its Job failed (kubectl get gt: REASON)
 MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's message maxLength
 REQUEUE_CONDITIONS = ("Evicted", "Requeued")  # True from an eviction until the next quota reservation
+PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
+WAITING_REASONS = (PRIORITY_CLASS_NOT_FOUND, Reason.QUEUE_NOT_FOUND, Reason.QUEUE_INACTIVE)  # Pending, not Failed
+JOB_DELETED = "JobDeleted"
+PODS_NOT_STARTING = "PodsNotStarting"
+PLACEMENT_CONFLICT = "PlacementConflict"
 
 
 @dataclass(slots=True)
