@@ -47,7 +47,6 @@ from gputask.k8s.client import (
 )
 from gputask.k8s.controller import Controller
 from gputask.k8s.jobrecords import SYSTEM_DISRUPTIONS, JobRecord, job_record
-from gputask.k8s.jobs import build_job
 from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
 from gputask.k8s.pinner import PINNING_UNAVAILABLE, Pinner
 from gputask.k8s.pinning import Pinning
@@ -56,6 +55,7 @@ from gputask.k8s.records import PLACEMENT_CONFLICT
 from gputask.k8s.relabel import JobFeed, Relabeler
 from gputask.k8s.reports import Report, ReportKind
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe, set_condition
+from gputask.k8s.workload import workload_of
 from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
 
@@ -192,9 +192,9 @@ class Executor:
             await self._rejected(record, unpinnable, PINNING_UNAVAILABLE)
             return
         try:
-            job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue,
-                            flavor=decision.task.flavor, tolerations=flavor.tolerations if flavor else (),
-                            pinning=self.pinning, request=decision.task.request)
+            job = workload_of(record).job_for(
+                decision.placement, attempt=attempt, queue=decision.task.queue, flavor=decision.task.flavor,
+                tolerations=flavor.tolerations if flavor else (), pinning=self.pinning, request=decision.task.request)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # conversion should have refused it
             log.error("building the Job of %s failed: %r", key, exc)
             await self._rejected(record, f"the pod template cannot be made into a Job: {exc!r}")
@@ -398,7 +398,7 @@ class Executor:
             records.revision_invalid(record)  # its edited spec can never run
             await self.transitions.invalid(record)
         if job is not None:
-            propagation = "Foreground" if decision.reason == "Preempted" else "Background"
+            propagation = workload_of(record).stop_propagation(decision.reason)
             self.deletions[job.key] = Deletion(job, propagation)
             await self.delete(job.key)
 

@@ -40,7 +40,6 @@ from gputask.k8s import records
 from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
-from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.kueue_api import (
     CHECK_NAME,
     CHECK_PENDING,
@@ -49,7 +48,6 @@ from gputask.k8s.kueue_api import (
     CONTROLLER_NAME,
     HOSTNAME_LABEL,
     admission_check,
-    build_kueue_job,
     check_answer,
     check_state,
     condition,
@@ -62,6 +60,7 @@ from gputask.k8s.kueue_api import (
     workload_key,
 )
 from gputask.k8s.tasks import ADMITTED, FINISHED_PHASES, PLACED_PHASES, RUNNING, TaskRecord, describe
+from gputask.k8s.workload import owner_uid, workload_of
 from gputask.k8s.writer import now_rfc3339
 
 log = logging.getLogger("gputask.kueue")
@@ -110,7 +109,7 @@ class KueueAdmission:
     def on_job(self, obj: Mapping[str, Any]) -> None:
         """One of our Jobs changed: its task and the Workloads it owns are due (an answer may have waited for it)."""
         meta = obj.get("metadata") or {}
-        record = self.controller.record_by_uid(str((meta.get("annotations") or {}).get(TASK_UID_ANNOTATION)))
+        record = self.controller.record_by_uid(str(owner_uid(obj)))
         if record is not None:
             self.due_tasks.add(record.key)
         self.due_workloads |= self._of_job.get(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", set())
@@ -229,8 +228,8 @@ class KueueAdmission:
                 await self.executor.transitions.finished(record, job.outcome)
             return True
         attempt = record.attempt + 1
-        body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue, pinning=self.executor.pinning,
-                               request=record.task.request)
+        body = workload_of(record).suspended_job(attempt=attempt, queue=record.task.queue,
+                                                 pinning=self.executor.pinning, request=record.task.request)
         namespace = body["metadata"]["namespace"]
         try:
             created = await self.writer.create(JOBS, body, namespace)

@@ -28,7 +28,7 @@ from gputask.k8s.pinning import (
     set_env,
     visible_devices,
 )
-from gputask.k8s.writer import now_rfc3339
+from gputask.k8s.timestamps import now_rfc3339
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 CHECK_NAME = "gputask-placement"

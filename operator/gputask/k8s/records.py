@@ -96,7 +96,7 @@ class TaskRecord:
 
     def involved(self) -> dict[str, Any]:
         """The ``involvedObject`` of an Event about this workload (:meth:`Workload.involved`)."""
-        from gputask.k8s.workload import workload_of  # the interface module imports this one
+        from gputask.k8s.workload import workload_of  # here: the interface module imports this one
 
         return workload_of(self).involved()
 

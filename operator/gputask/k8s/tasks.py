@@ -16,7 +16,7 @@ from typing import Any
 
 from gputask.core import MILLI_PER_GPU, Placement, TaskKey
 from gputask.k8s import records
-from gputask.k8s.client import GPUTASKS, ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
+from gputask.k8s.client import ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
 from gputask.k8s.lingering import HELD_NOTE
 from gputask.k8s.records import (
     ADMITTED,
@@ -36,6 +36,7 @@ from gputask.k8s.records import (
     reset_requeue_conditions,
     set_condition,
 )
+from gputask.k8s.workload import workload_of
 from gputask.k8s.writer import Writer
 
 log = logging.getLogger("gputask.tasks")
@@ -247,7 +248,8 @@ class Transitions:
             meta = record.obj["metadata"]
             body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
             try:
-                stored = await self.writer.patch(GPUTASKS, meta["name"], body, record.namespace, status=True)
+                stored = await self.writer.patch(workload_of(record).status_resource, meta["name"], body,
+                                                 record.namespace, status=True)
             except Conflict:
                 self.conflicts += 1
                 fresh = await self._refresh(record)
@@ -268,7 +270,7 @@ class Transitions:
         """Re-read the GPUTask after a conflict: WRITTEN (read, write again), GONE (deleted, or another
         object now) or REFUSED (the read failed)."""
         try:
-            fresh = await self.writer.client.get(GPUTASKS, record.name, record.namespace)
+            fresh = await self.writer.client.get(workload_of(record).status_resource, record.name, record.namespace)
         except NotFound:
             return GONE
         except ApiError:
