@@ -48,8 +48,9 @@ async def test_a_placement_makes_a_pinned_job_owned_by_the_gputask() -> None:
     assert ((owner["kind"], owner["uid"], owner["controller"]), owner_uid(created), created["metadata"]["name"],
             terms) == (("GPUTask", uid, True), uid, "t-1",
                        [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}])
-    failed = {**created, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                                                    "message": "Job has reached the specified backoff limit"}]}}
+    condition = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                 "message": "Job has reached the specified backoff limit"}
+    failed = {**created, "status": {"conditions": [condition]}}
     assert (workload.finished(created), workload.finished(failed)) == (
         None, ("Failed", "BackoffLimitExceeded: Job has reached the specified backoff limit"))
     assert (workload.stop_propagation("Preempted"), workload.stop_propagation("NodeFailure")) == (

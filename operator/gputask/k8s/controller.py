@@ -106,17 +106,9 @@ class Controller:
         """What is held for Jobs of task ``key`` gone before their pods (:meth:`TaskPods.held_for`)."""
         return self.pods.held_for(key)
 
-    def started(self, record: TaskRecord, admitted_at: float) -> None:
-        """The pod-start deadline of an admitted task (:meth:`TaskPods.started`)."""
-        self.pods.started(record, admitted_at)
-
     def overdue(self, now: float) -> list[TaskRecord]:
         """Admitted tasks past their pod-start deadline (:meth:`TaskPods.overdue`)."""
         return self.pods.overdue(now)
-
-    def admitted_with(self, record: TaskRecord) -> None:
-        """The task was just admitted with its Job (:meth:`TaskPods.admitted_with`)."""
-        self.pods.admitted_with(record)
 
     def convert_task(self, obj: Mapping[str, Any]) -> Task:
         """Core Task of a GPUTask body (:meth:`Specs.convert_task`); raises InvalidTaskError."""

@@ -249,10 +249,10 @@ class Executor:
         message = f"Admitted by GPUClusterQueue {decision.task.queue!r}{in_flavor} on {describe(placement)}"
         quota = f"quota reserved in {decision.task.queue!r}{in_flavor}"
         records.created(record, attempt=attempt, flavor=decision.task.flavor)
-        self.controller.started(record, time.time())
+        self.controller.pods.started(record, time.time())
         await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
                                         message=message)
-        self.controller.admitted_with(record)  # its pod may have started while the create's answer was awaited
+        self.controller.pods.admitted_with(record)  # its pod may have started while the create's answer was awaited
 
     def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
         """Keep the booking of a create whose outcome is unknown; look the Job up after the next backoff step."""
