@@ -30,6 +30,7 @@ def test_a_gputask_is_a_workload_of_one_pod_set() -> None:
     obj = _stored(client)
     workload = workload_of(TaskRecords().add(TaskKey("ml/t"), obj["metadata"]["uid"], obj))
     assert isinstance(workload, Workload) and isinstance(workload, GPUTaskWorkload)
+    assert workload.status_resource == GPUTASKS  # the RBAC scan (test_rbac.py UNRESOLVED) counts on it
     assert (workload.object() is obj, workload.pod_sets(), workload.queue_name(), workload.priority()) == (
         True, (PodSetInfo("main", 1, TEMPLATE),), "team", 0)
 
