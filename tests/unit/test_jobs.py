@@ -30,7 +30,7 @@ TASK = {
         },
     },
 }
-PLACEMENT = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-aaa", 12288), GpuSlot(2, "GPU-ccc", 12288)))
+PLACEMENT = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-aaa", 12288), GpuSlot(2, "GPU-ccc", 12288)))
 
 
 def test_build_job_is_pinned_to_node_and_gpus() -> None:

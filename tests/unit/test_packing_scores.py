@@ -33,7 +33,7 @@ def cluster_with(nodes: list[Node], used: dict[str, int]) -> ClusterState:
     cluster = ClusterState(nodes)
     for name, mib in used.items():
         held = task(f"held-{name}", GpuRequest(1, memory_mib=mib))
-        cluster.reserve(held, Placement(NodeName(name), (GpuSlot(0, f"{name}-0", mib),)))
+        cluster.reserve(held, Placement.one(NodeName(name), (GpuSlot(0, f"{name}-0", mib),)))
     return cluster
 
 

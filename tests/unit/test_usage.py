@@ -75,7 +75,7 @@ def test_device_plugin_pods_hold_the_gpus_the_kubelet_gave_them() -> None:
 
 def placed(*slots: tuple[int, int]) -> Placement:
     """A placement on node-a with (index, MiB) slots."""
-    return Placement(NodeName("node-a"), tuple(GpuSlot(i, f"GPU-{i}", mib) for i, mib in slots))
+    return Placement.one(NodeName("node-a"), tuple(GpuSlot(i, f"GPU-{i}", mib) for i, mib in slots))
 
 
 def test_overuse_is_use_beyond_the_reservation_and_the_tolerance_on_each_gpu() -> None:

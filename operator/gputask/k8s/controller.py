@@ -418,7 +418,8 @@ class Controller:
         self.scheduler.finish(ended.hold)
         record = self._task_of_gone(ended)
         if record is not None and ended.job.placement is not None:
-            message = f"GPUs on node {ended.job.placement.node} released: the pods of Job {ended.job.name} are gone"
+            nodes = ", ".join(ended.job.placement.nodes)
+            message = f"GPUs on node {nodes} released: the pods of Job {ended.job.name} are gone"
             self.outbox.append(Report("gpus-released", record, message))
 
     def _task_of_gone(self, gone: GoneJob) -> TaskRecord | None:
@@ -808,7 +809,7 @@ class Controller:
         entry = self.scheduler.ledger.get(record.key)
         record.flavor = entry.task.flavor if entry is not None else ""
         if not restored:
-            node = record.placement.node
+            node = ", ".join(record.placement.nodes)
             message = f"Job {record.job_name} shares a GPU of {node} with an earlier Job beyond its memory"
             self.scheduler.evict(record.key, PLACEMENT_CONFLICT, message)
 
