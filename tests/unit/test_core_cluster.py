@@ -47,7 +47,7 @@ def accounting(cluster: ClusterState) -> dict[str, object]:
             (s.name, list(s.reserved_mib), list(s.exclusive), dict(s.tasks), s.cpu_used, s.generation)
             for s in cluster
         ],
-        "reservations": {k: (r.task, r.placement, r.exclusive) for k, r in cluster.reservations().items()},
+        "reservations": {k: (r.task, r.placement) for k, r in cluster.reservations().items()},
         "generation": cluster.generation,
     }
 

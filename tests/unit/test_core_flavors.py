@@ -63,7 +63,7 @@ def two_pools() -> Scheduler:
 
 
 def admitted(decisions: list[Any]) -> list[tuple[str, str, str]]:
-    return [(d.task.key, d.task.flavor, d.placement.node) for d in decisions if isinstance(d, Admit)]
+    return [(d.task.key, d.task.flavor, d.placement.only().node) for d in decisions if isinstance(d, Admit)]
 
 
 def test_h100_and_t4_are_quotad_separately_in_the_queues_flavor_order() -> None:
@@ -152,7 +152,7 @@ def test_flavor_taints_need_tolerating_and_its_tolerations_are_the_tasks() -> No
     s.submit(whole("t"))
     (decision,) = s.cycle(0.0)
     assert isinstance(decision, Admit)
-    assert (decision.task.flavor, decision.placement.node, decision.task.constraints.tolerations[0].tolerates(taint),
+    assert (decision.task.flavor, decision.placement.only().node, decision.task.constraints.tolerations[0].tolerates(taint),
             decision.task.constraints.node_selector) == ("tainted", "d", True, (("pool", "tainted"),))
 
 

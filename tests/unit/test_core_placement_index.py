@@ -21,6 +21,7 @@ from gputask.core import (
     NodeName,
     Outcome,
     Placement,
+    PodPlacement,
     Task,
     TaskKey,
     find_placement,
@@ -83,7 +84,7 @@ def plain_search(cluster: ClusterState, t: Task, policy: Policy, quota: QuotaChe
             continue
         picked = policy.choose(state, t, feasible)
         fits = True
-        if quota is not None and (why := quota(state, Placement.one(state.name, slots_for(state, t, picked)))):
+        if quota is not None and (why := quota(state, PodPlacement(state.name, slots_for(state, t, picked)))):
             refused = refused or why
             continue
         score = policy.score(state, t, picked)
@@ -166,7 +167,7 @@ def test_remembered_evaluations_are_per_task_shape() -> None:
     cluster = ClusterState([node("a", 1000, cpu=4000), node("b", 1000, cpu=8000)])
     policy = CpuTarget()
     picks = [find_placement(cluster, task(f"t{c}", memory_mib=10, cpu=c), policy) for c in (1000, 4000)]
-    assert [o.placement.node for o in picks if o.placement] == ["a", "b"]
+    assert [o.placement.only().node for o in picks if o.placement] == ["a", "b"]
 
 
 def test_fraction_filter_matches_the_rounded_up_mib_exactly() -> None:
@@ -196,7 +197,7 @@ def test_random_fit_spreads_over_all_feasible_nodes() -> None:
     cluster = ClusterState([node(n, 1000) for n in "abcde"])
     cluster.reserve(task("full"), Placement.one(NodeName("c"), (GpuSlot(0, "c-0", 1000),)))
     policy = RandomFit(seed=1)
-    chosen = {find_placement(cluster, task("t", memory_mib=10), policy).placement.node for _ in range(200)}  # type: ignore[union-attr]
+    chosen = {find_placement(cluster, task("t", memory_mib=10), policy).placement.only().node for _ in range(200)}  # type: ignore[union-attr]
     assert chosen == {"a", "b", "d", "e"}
 
 
@@ -376,7 +377,7 @@ def test_the_preemption_precheck_never_refuses_a_node_the_search_would_fit(
     for i, spec in enumerate(preemptors):
         t = to_task(i, spec)
         for state in cluster.sorted_nodes():
-            on_node = [v for v in placed if v.placement.node == state.name]
+            on_node = [v for v in placed if v.placement.only().node == state.name]
             victims = data.draw(st.lists(st.sampled_from(on_node), unique_by=id) if on_node else st.just([]))
             if not could_fit_without(state, t, victims):
                 with planner._without(victims):

@@ -40,7 +40,7 @@ def mib_on_gpus(parts: Parts) -> dict[int, int]:
             continue
         placement = parse_placement(job["metadata"]["annotations"][PLACEMENT_ANNOTATION])
         assert placement is not None
-        for slot in placement.gpus:
+        for slot in placement.only().gpus:
             used[slot.index] = used.get(slot.index, 0) + slot.memory_mib
     return used
 

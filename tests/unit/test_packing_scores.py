@@ -41,7 +41,7 @@ def placed_on(cluster: ClusterState, request: GpuRequest, policy: FGD) -> str:
     """The node ``policy`` places a task of ``request`` on."""
     placement = find_placement(cluster, task("t", request), policy).placement
     assert placement is not None
-    return placement.node
+    return placement.only().node
 
 
 def test_sliver_table_is_the_expected_gap_left_when_popular_shares_top_a_gpu_up() -> None:
