@@ -212,7 +212,10 @@ class Task:
     pod_sets: tuple[PodSet, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.pod_sets and self.main != self.pod_sets[0]:
+        first = self.pod_sets[0] if self.pod_sets else None
+        if first is not None and (first.request, first.cpu_milli, first.memory_mib, first.ephemeral_mib,
+                                  first.constraints) != (self.request, self.cpu_milli, self.memory_mib,
+                                                         self.ephemeral_mib, self.constraints):
             raise ValueError(f"{self.key}: the shorthand pod shape differs from PodSet {self.pod_sets[0].name!r}")
 
     @classmethod
