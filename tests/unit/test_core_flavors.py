@@ -152,7 +152,8 @@ def test_flavor_taints_need_tolerating_and_its_tolerations_are_the_tasks() -> No
     s.submit(whole("t"))
     (decision,) = s.cycle(0.0)
     assert isinstance(decision, Admit)
-    assert (decision.task.flavor, decision.placement.only().node, decision.task.constraints.tolerations[0].tolerates(taint),
+    assert (decision.task.flavor, decision.placement.only().node,
+            decision.task.constraints.tolerations[0].tolerates(taint),
             decision.task.constraints.node_selector) == ("tainted", "d", True, (("pool", "tainted"),))
 
 

@@ -118,7 +118,8 @@ def test_index_columns_follow_reservations_releases_and_node_updates() -> None:
     cluster = ClusterState([node("b", 1000, 1000, cpu=8000, memory=64), node("a", 2000, schedulable=False)])
     index = cluster.index()
     first = (index.free_cpu[:], index.free_memory[:], index.idle[:], index.max_free_mib[:], index.max_free_milli[:])
-    cluster.reserve(task("t", memory_mib=300, cpu=500, memory=4), Placement.one(NodeName("b"), (GpuSlot(1, "b-1", 300),)))
+    cluster.reserve(task("t", memory_mib=300, cpu=500, memory=4),
+                    Placement.one(NodeName("b"), (GpuSlot(1, "b-1", 300),)))
     reserved = (index.free_cpu[:], index.free_memory[:], index.idle[:], index.max_free_mib[:], index.max_free_milli[:])
     cluster.set_node(node("b", 1000, 1000, cpu=8000, memory=64, product="A10"))
     cluster.release(TaskKey("ns/t"))
@@ -173,7 +174,8 @@ def test_remembered_evaluations_are_per_task_shape() -> None:
 def test_fraction_filter_matches_the_rounded_up_mib_exactly() -> None:
     """A fraction fits a GPU exactly when its free share (milli, rounded down) reaches it."""
     cluster = ClusterState([node("a", 24576)])
-    cluster.reserve(task("x", memory_mib=24576 - 8184), Placement.one(NodeName("a"), (GpuSlot(0, "a-0", 24576 - 8184),)))
+    cluster.reserve(task("x", memory_mib=24576 - 8184),
+                    Placement.one(NodeName("a"), (GpuSlot(0, "a-0", 24576 - 8184),)))
     rows = [candidate_rows(cluster.index(), task("t", fraction=f)) for f in (333, 334)]
     fits = [find_placement(cluster, task("t", fraction=f), BestFit()).placement is not None for f in (333, 334)]
     assert (rows, fits) == ([[0], []], [True, False])

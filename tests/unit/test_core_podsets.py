@@ -15,7 +15,6 @@ from gputask.core import (
     Node,
     NodeName,
     OverCommitError,
-    Pending,
     Placement,
     PodPlacement,
     PodSet,
