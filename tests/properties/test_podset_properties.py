@@ -20,6 +20,7 @@ from gputask.core import (
     Node,
     NodeName,
     Pending,
+    PodPlacement,
     PodSet,
     QueueSpec,
     ResourceQuota,
@@ -29,8 +30,8 @@ from gputask.core import (
     find_placement,
     make_policy,
 )
-from gputask.core.cluster import ClusterState
-from gputask.core.quota import Usage, placement_usage
+from gputask.core.cluster import ClusterState, NodeState
+from gputask.core.quota import Usage, placement_usage, usage_of
 
 GIB = 1024  # MiB
 PROPERTY = settings(max_examples=150, deadline=None)
@@ -100,7 +101,10 @@ def test_a_trial_copy_predicts_admission_and_charge_and_the_books_recount(
         def total(placement: object, trial: ClusterState = trial) -> str | None:
             return s.quotas.refuses("q", placement_usage(placement, memory_of))  # type: ignore[arg-type]
 
-        predicted = find_placement(trial, task, s.policy, total_quota=total).placement
+        def one(state: NodeState, pod: PodPlacement) -> str | None:  # a task of one pod is judged per candidate
+            return s.quotas.refuses("q", usage_of(pod, memory_of(state.name)))
+
+        predicted = find_placement(trial, task, s.policy, quota=one, total_quota=total).placement
         assert {state.name: list(state.reserved_mib) for state in trial} == before  # the search reserved nothing
         s.submit(task)
         decisions = s.cycle(float(n))

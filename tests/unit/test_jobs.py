@@ -118,6 +118,14 @@ def test_placement_annotation_round_trips() -> None:
     assert [parse_placement(t) for t in (None, "", "{", '{"node":"a"}')] == [None, None, None, None]
 
 
+def test_a_placement_annotation_written_by_the_previous_version_is_read_as_one_pod() -> None:
+    """Jobs already in clusters carry the one-node format: it reads back as a one-pod placement, and a one-pod
+    placement is written in exactly that format."""
+    old = '{"node":"n1","uuids":["GPU-a","GPU-b"],"indices":[0,3],"memoryMiB":[8192,8192]}'
+    pod = Placement.one(NodeName("n1"), (GpuSlot(0, "GPU-a", 8192), GpuSlot(3, "GPU-b", 8192)))
+    assert (parse_placement(old), placement_annotation(pod)) == (pod, old)
+
+
 def test_the_node_requirement_joins_every_node_selector_term_of_the_users_affinity() -> None:
     """Terms are ORed: the node is required in each of the user's terms (an empty term, which matches nothing,
     is dropped rather than pinned into matching), and the rest of the affinity stays."""
