@@ -54,8 +54,8 @@ def _planted_bugs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
         return finish(self, key)
 
     def extra(self: ClusterState, placement: Any, sign: int) -> None:
-        state = self.node(placement.node)
-        for slot in placement.gpus:
+        state = self.node(placement.only().node)
+        for slot in placement.only().gpus:
             state.reserved_mib[state.position[slot.index]] += sign * slot.memory_mib
         self._touched(state)  # as a real change would: the placement index sees it
 
@@ -68,7 +68,7 @@ def _planted_bugs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
     def undoubling_release(self: ClusterState, key: Any) -> Any:
         reservation = self.reservation(key)
-        if key in doubled and reservation is not None and self.has_node(reservation.placement.node):
+        if key in doubled and reservation is not None and self.has_node(reservation.placement.only().node):
             doubled.discard(key)
             extra(self, reservation.placement, -1)
         return release(self, key)

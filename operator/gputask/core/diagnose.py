@@ -141,7 +141,8 @@ def diagnose(scheduler: Scheduler, key: TaskKey) -> Diagnosis:
     entry = scheduler.running.get(key) or scheduler.nominated.get(key)
     if entry is not None:
         held = entry.task
-        return Diagnosis(key, "admitted", held.queue, held.local_queue, held.priority, node=entry.placement.node)
+        return Diagnosis(key, "admitted", held.queue, held.local_queue, held.priority,
+                         node=", ".join(entry.placement.nodes))
     task = scheduler.pending.get(key)
     if task is None:
         return Diagnosis(key, "unknown")
@@ -230,10 +231,10 @@ def _preemption(scheduler: Scheduler, task: Task, least: dict[str, int]) -> Pree
             "one node within quota"
         )
     victims = tuple(
-        Victim(v.task.key, v.placement.node, v.task.priority, v.task.queue)
+        Victim(v.task.key, ", ".join(v.placement.nodes), v.task.priority, v.task.queue)
         for v in sorted(plan.victims, key=lambda v: v.task.key)
     )
-    return PreemptionView(victims=victims, node=plan.placement.node)
+    return PreemptionView(victims=victims, node=", ".join(plan.placement.nodes))
 
 
 def _no_candidates(scheduler: Scheduler, task: Task) -> str:
@@ -273,6 +274,8 @@ def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
                     f"{describe_key(line.resource)} (raise nominalQuota or borrowingLimit, or wait for its "
                     f"running tasks to finish){alone}"
                 )
+    if not task.single_pod:  # the changes below reshape one pod on one node; a task of several pods: not yet
+        return out
     if fitting:
         smaller = _within_quota(scheduler, task, view, where)
         return out + ([smaller] if smaller else [])  # a node holds it now: only quota keeps it out
@@ -305,7 +308,7 @@ def _within_quota(scheduler: Scheduler, task: Task, view: FlavorView, where: str
             continue
         left = scheduler.quotas.available(task.queue, refused) or 0
         state = scheduler.cluster.node(NodeName(verdict.node))
-        cards = [state.node.gpus[state.position[s.index]].memory_mib for s in placement.gpus]
+        cards = [state.node.gpus[state.position[s.index]].memory_mib for s in placement.only().gpus]
         per_gpu = left // req.count  # milli-GPU (or MiB) each GPU may charge
         if split_key(refused)[0] == GPU:
             mib = min(per_gpu * (task.card_mib or card) // MILLI_PER_GPU for card in cards)

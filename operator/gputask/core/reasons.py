@@ -99,7 +99,14 @@ def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
     For a memory request the GPU share is at least its MiB over the largest GPU's MiB, at most one GPU
     (``largest_gpu_mib``, 0 when unknown: then 1 milli-GPU per GPU); in a flavor with a charging card size
     (``task.card_mib``) it is its MiB over that size, and a fraction's charge depends on the card, so 1.
+    A task of several pods: the sum over its pods.
     """
+    if not task.single_pod:
+        total: dict[str, int] = {}
+        for pod in task.pods:
+            for key, amount in min_usage(task.pod_task(pod), largest_gpu_mib).items():
+                total[key] = total.get(key, 0) + amount
+        return total
     req = task.request
     if req.exclusive:
         milli = MILLI_PER_GPU

@@ -31,8 +31,16 @@ from gputask.core.failures import MAX_RESCHEDULES_EXCEEDED, FailureNotice
 from gputask.core.flavors import Flavor, holds, ineligible, variant
 from gputask.core.health import NodeHealth
 from gputask.core.ledger import Entry, Ledger
-from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
-from gputask.core.placement import DEFAULT_POLICY, Outcome, Policy, QuotaCheck, find_placement, make_policy
+from gputask.core.model import Node, NodeName, Placement, PodPlacement, Task, TaskKey
+from gputask.core.placement import (
+    DEFAULT_POLICY,
+    Outcome,
+    Policy,
+    QuotaCheck,
+    TotalQuotaCheck,
+    find_placement,
+    make_policy,
+)
 from gputask.core.preemption import (
     DEFAULT_STRATEGIES,
     Plan,
@@ -322,7 +330,7 @@ class Scheduler:
         task = self._flavor_of(task, placement, flavor)
         self.ledger.restore(task, placement, admitted_at, charge=charge)
         self.health.restored(task.key, placement)
-        if not self.cluster.has_node(placement.node):  # its node is gone: a node failure, not a loss
+        if not all(map(self.cluster.has_node, placement.nodes)):  # a node is gone: a node failure, not a loss
             self._carry.extend(self._evict_failed(self.health.take()))
             return True
         return not self.cluster.overcommitted(placement)
@@ -355,10 +363,10 @@ class Scheduler:
         to judge). With the Evict action an overusing task is evicted (GPUMemoryExceeded, counted against
         maxReschedules); the next cycle emits the Evict."""
         entry = self.ledger.running.get(key)
-        if entry is None:
+        if entry is None or len(entry.placement.pods) != 1:  # several pods: GPU indices alone name no node
             return None
         budget = self.memory_budget
-        found = overuses(entry.placement, used_by_index, budget.tolerance_mib)
+        found = overuses(entry.placement.only(), used_by_index, budget.tolerance_mib)
         if found and budget.action == EVICT:
             message = f"uses more GPU memory than it reserved: {overuse_text(found, budget.tolerance_mib)}"
             self.evict(key, GPU_MEMORY_EXCEEDED, message, failure=True)
@@ -823,7 +831,9 @@ class Scheduler:
         if known is None:
             quota = self._quota_check(task)
             floor = self.quotas.refuses(task.queue, self._min_usage(task)) is not None
-            outcome = find_placement(self.cluster, task, self.policy, quota=quota, refused_anyway=floor)
+            whole = self._total_quota_check(task)
+            outcome = find_placement(self.cluster, task, self.policy, quota=quota, refused_anyway=floor,
+                                     total_quota=whole)
             if outcome.placement is not None:
                 return outcome.placement, Wait("", "")
             known = never_fits_queue(task, self.quotas) or explain(task, outcome, self.quotas, self.cluster)
@@ -935,11 +945,11 @@ class Scheduler:
         if named is not None and named in spec.flavors:
             flavor = self.flavors.get(named)
             return variant(base, flavor) if flavor is not None else replace(base, flavor=named, unflavored=base)
-        if not self.cluster.has_node(placement.node):
+        if not all(map(self.cluster.has_node, placement.nodes)):
             return task
-        node = self.cluster.node(placement.node).node
+        pods = [(self.cluster.node(pod.node).node, pod) for pod in placement.pods]
         known = [self.flavors[n] for n in spec.flavors if n in self.flavors]
-        chosen = next((f for f in known if holds(f, node, placement)), known[0] if known else None)
+        chosen = next((f for f in known if all(holds(f, node, pod) for node, pod in pods)), known[0] if known else None)
         return variant(base, chosen) if chosen is not None else task
 
     def _queue_gate(self, task: Task, memo: _CycleMemo) -> Pending | None:
@@ -972,10 +982,13 @@ class Scheduler:
     def _quota_check(self, task: Task) -> QuotaCheck:
         name = task.queue
 
-        def check(state: NodeState, placement: Placement) -> str | None:
+        def check(state: NodeState, placement: PodPlacement) -> str | None:
             return self.quotas.refuses(name, usage_of(placement, _memory_by_index(state), task.flavor, task.card_mib))
 
         return check
+
+    def _total_quota_check(self, task: Task) -> TotalQuotaCheck:
+        return lambda placement: self.quotas.refuses(task.queue, self.ledger.usage(placement, task))
 
     def _admit(self, task: Task, placement: Placement, now: float) -> Admit:
         if self._probing:
@@ -1015,6 +1028,8 @@ class Scheduler:
 
     def _plan(self, task: Task) -> Plan | None:
         """The preemption that would make room for ``task``, None when none does (the state is left as it was)."""
+        if not task.single_pod:  # preemption for a task of several pods: not yet (gangs, issue 30)
+            return None
         spec, least = self.quotas.specs[task.queue], self._min_usage(task)
         if not may_preempt(spec, least, fair=self.quotas.fair_sharing(task.queue)):
             return None
@@ -1037,7 +1052,7 @@ class Scheduler:
             held = self._hold_departing(entry) if entry is not None else None
             decisions.append(Evict(victim.task, victim.placement, Reason.PREEMPTED, message, by=task.key, held=held))
         waiting = ", ".join(sorted(v.task.key for v in plan.victims))
-        decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {plan.placement.node}"))
+        decisions.append(Pending(task, PREEMPTING, f"preempting {waiting} on {', '.join(plan.placement.nodes)}"))
         return decisions
 
     def _node_generation(self, name: NodeName) -> int | None:
@@ -1081,8 +1096,7 @@ class Scheduler:
         placement = outcome.placement
         if placement is None:
             return None, None, None
-        state = self.cluster.node(placement.node)
-        usage = usage_of(placement, _memory_by_index(state), task.flavor, task.card_mib)
+        usage = self.ledger.usage(placement, task)
         refused = self.quotas.refuses(task.queue, usage) if task.queue in self.quotas.specs else None
         return placement, usage, refused
 

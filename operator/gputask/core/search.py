@@ -21,7 +21,7 @@ from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
 from gputask.core.cluster import NodeIndex, NodeState, slots_for
-from gputask.core.model import Placement, Task
+from gputask.core.model import PodPlacement, Task
 
 if TYPE_CHECKING:
     from gputask.core.placement import Policy
@@ -130,7 +130,7 @@ def board_for(index: NodeIndex, policy: Policy, task: Task) -> tuple[Board, dict
 
 
 def refuser(
-    index: NodeIndex, task: Task, quota: Callable[[NodeState, Placement], str | None]
+    index: NodeIndex, task: Task, quota: Callable[[NodeState, PodPlacement], str | None]
 ) -> Callable[[Entry], str | None]:
     """``quota`` asked once per distinct set of picked GPU sizes (its contract: placement's ``QuotaCheck``)."""
     answers: dict[tuple[int, ...], str | None] = {}
@@ -139,7 +139,7 @@ def refuser(
         state, picked = index.states[entry[1]], entry[2]
         key = tuple(state.node.gpus[p].memory_mib for p in picked)
         if key not in answers:
-            answers[key] = quota(state, Placement(state.name, slots_for(state, task, picked)))
+            answers[key] = quota(state, PodPlacement(state.name, slots_for(state, task, picked)))
         return answers[key]
 
     return refuse
