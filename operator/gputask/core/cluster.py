@@ -71,6 +71,15 @@ class NodeState:
         """The node's name."""
         return self.node.name
 
+    def copy(self) -> NodeState:
+        """An independent copy (reservations, counts and generation as they are now), for preemption trials on a
+        snapshot (:mod:`gputask.core.snapshot`): changing it leaves this state as it is."""
+        return NodeState(
+            self.node, list(self.reserved_mib), list(self.exclusive), self.position, [dict(g) for g in self.groups],
+            self.grouped, dict(self.tasks), self.cpu_used, self.memory_used_mib, self.ephemeral_used_mib,
+            self.generation,
+        )
+
     def free_mib(self, pos: int) -> int:
         """Free MiB on the GPU at position ``pos`` (0 when unhealthy or exclusively held)."""
         return self.room_mib(pos) if self.node.gpus[pos].healthy else 0
