@@ -61,12 +61,16 @@ def _planted_bugs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
     def doubling_reserve(self: ClusterState, task: Any, placement: Any, *, force: bool = False) -> None:
         reserve(self, task, placement, force=force)
+        if type(self) is not ClusterState:
+            return  # a preemption trial's snapshot (core.snapshot): the bugs are planted in the live state only
         calls["reserve"] += 1
         if calls["reserve"] % 25 == 0 and task.request.memory_mib is not None:
             doubled.add(task.key)
             extra(self, placement, +1)
 
     def undoubling_release(self: ClusterState, key: Any) -> Any:
+        if type(self) is not ClusterState:
+            return release(self, key)
         reservation = self.reservation(key)
         if key in doubled and reservation is not None and self.has_node(reservation.placement.only().node):
             doubled.discard(key)

@@ -85,7 +85,8 @@ class NodeState:
         return self.node.name
 
     def copy(self) -> NodeState:
-        """An independent copy (the node and placements, immutable, are shared)."""
+        """An independent copy (reservations, counts and generation as they are now), for preemption trials on a
+        snapshot (:mod:`gputask.core.snapshot`): changing it leaves this state as it is."""
         return NodeState(
             self.node, list(self.reserved_mib), list(self.exclusive), self.position, [dict(g) for g in self.groups],
             self.grouped, dict(self.tasks), self.pods_used, self.cpu_used, self.memory_used_mib,

@@ -31,8 +31,9 @@ Unlike Kueue, victims are chosen on ONE node so that the preemptor really fits t
 counts quota only): each step above runs per node over that node's candidates, "fits" also
 asks for a placement on that node, and the node whose victim set is smallest, then has the
 lowest priorities, then the most recently admitted, wins; ties go to the smallest name. On a
-single node with room for everything this is Kueue's answer exactly. Planning works on the live
-state with undo steps: it leaves the state exactly as it found it.
+single node with room for everything this is Kueue's answer exactly. Planning works on a snapshot
+(:mod:`gputask.core.snapshot`, as Kueue's preemptor works on its cycle's snapshot) with undo steps; the
+cache is never touched.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class _Run:
 
 
 class Planner:
-    """Plans one preemption on the live cluster and quota book, undoing every trial step."""
+    """Plans one preemption on the cluster and quota book it is given (the cycle gives it a snapshot,
+    :class:`~gputask.core.snapshot.Trial`), undoing every trial step."""
 
     def __init__(self, cluster: ClusterState, quotas: QuotaBook, policy: Policy) -> None:
         self.cluster = cluster

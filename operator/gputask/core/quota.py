@@ -186,6 +186,22 @@ class QuotaBook:
         self.specs.pop(name, None)
         self._specs_changed()
 
+    def trial_copy(self) -> QuotaBook:
+        """A copy whose usage can be charged and uncharged without touching this book (preemption trials on a
+        snapshot, :mod:`gputask.core.snapshot`). The specs and what is derived from them alone are shared: a
+        trial never changes a spec."""
+        out = QuotaBook()
+        out.specs, out.specs_version = self.specs, self.specs_version
+        out.usage = {name: dict(used) for name, used in self.usage.items()}
+        out._members, out._lendable_cache, out._fair_cache = self.cohort_index(), self._lendable_cache, self._fair_cache
+        return out
+
+    def cohort_index(self) -> dict[str, list[QueueSpec]]:
+        """The queues of each cohort, by cohort name (kept until a spec changes; read only)."""
+        self.cohort_members("")
+        assert self._members is not None
+        return self._members
+
     def _specs_changed(self) -> None:
         self.specs_version += 1
         self._members = None

@@ -18,13 +18,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gputask.core.cluster import NodeIndex, NodeState, slots_for
 from gputask.core.model import PodPlacement, Task
 
-if TYPE_CHECKING:
-    from gputask.core.placement import Policy
+
+class Scored(Protocol):
+    """What a board reads of a placement policy (:class:`~gputask.core.placement.Policy`): the generation of the
+    meaning of its scores. (A protocol here, so this module does not import placement, which imports it.)"""
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the meaning of the policy's scores changed."""
+        ...
+
 
 Evaluation = tuple[tuple[int, ...], float] | None
 """One node state evaluated for one task shape: (picked GPU positions, score), or no fit."""
@@ -107,7 +115,7 @@ class Board:
         return found, fits, None if found is not None or refusal is None else refusal[1]
 
 
-def board_for(index: NodeIndex, policy: Policy, task: Task) -> tuple[Board, dict[int, Evaluation]]:
+def board_for(index: NodeIndex, policy: Scored, task: Task) -> tuple[Board, dict[int, Evaluation]]:
     """The board and the evaluations by group id of ``policy`` for ``task``'s shape.
 
     Both are forgotten when the policy's ``generation`` changes (its scores changed meaning).
