@@ -66,16 +66,17 @@ WHOLE = GpuRequest(1)
 
 
 def test_a_task_of_two_podsets_is_placed_pod_by_pod_in_podset_order_and_pods_share_a_node() -> None:
-    """Launcher then workers, each pod seeing the GPUs the earlier pods took: best fit fills the 2-GPU node
-    with two pods, the third goes to the other node."""
+    """Launcher then workers, each pod seeing the GPUs the earlier pods took: best fit puts the launcher on the
+    2-GPU node; the two workers go together on the node that takes both (fewest nodes first, issue 30), not
+    one on each node."""
     cluster = ClusterState([node("a", 24, 24), node("b", 24, 24, 24)])
     t = gang("train", ("launcher", 1, WHOLE), ("workers", 2, GpuRequest(1, memory_mib=20 * GIB)))
     outcome = find_placement(cluster, t, make_policy("bestfit"))
     assert (outcome.placement, reserved(cluster)) == (
         Placement((
             pod("launcher", "a", (0, 24 * GIB)),
-            pod("worker-0", "a", (1, 20 * GIB)),
-            pod("worker-1", "b", (0, 20 * GIB)),
+            pod("worker-0", "b", (0, 20 * GIB)),
+            pod("worker-1", "b", (1, 20 * GIB)),
         )),
         {"a": [0, 0], "b": [0, 0, 0]},  # a search reserves nothing
     )
@@ -188,13 +189,14 @@ def test_a_multi_pod_preemptor_is_not_planned_yet() -> None:
 
 
 def test_a_node_pod_limit_counts_pods_not_tasks() -> None:
-    """A node that takes one more pod takes one pod of a pair, not both: the second pod goes elsewhere."""
-    cluster = ClusterState([node("a", 24, 24, pods=1), node("b", 24, 24, 24)])
+    """A node that takes one more pod takes one pod of a pair, not both, though its GPUs could take both: the
+    second pod goes elsewhere."""
+    cluster = ClusterState([node("a", 24, 24, pods=1), node("b", 24)])
     t = gang("pair", ("workers", 2, WHOLE))
     placement = find_placement(cluster, t, make_policy("bestfit")).placement
     assert placement is not None
     cluster.reserve(t, placement)
-    assert ([p.node for p in placement.pods], {s.name: s.pods_used for s in cluster}) == (["a", "b"], {"a": 1, "b": 1})
+    assert ([p.node for p in placement.pods], {s.name: s.pods_used for s in cluster}) == (["b", "a"], {"a": 1, "b": 1})
 
 
 def test_podsets_need_unique_names_and_a_positive_count() -> None:
