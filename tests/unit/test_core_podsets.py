@@ -178,14 +178,16 @@ def test_preempting_a_task_of_several_pods_frees_all_of_its_pods() -> None:
     )
 
 
-def test_a_multi_pod_preemptor_is_not_planned_yet() -> None:
-    """Preemption for a task of several pods is left to the gangs issue: the pair waits, nothing is evicted."""
+def test_a_multi_pod_preemptor_evicts_what_blocks_one_of_its_pods() -> None:
+    """A high-priority pair needs both GPUs; the one-GPU task on a is preempted and the pair is nominated to a
+    and b (gang preemption, issue 30)."""
     one = Task(TaskKey("ns/one"), "q", WHOLE)
     s = scheduler([node("a", 24), node("b", 24)], within="LowerPriority")
     s.submit(one)
     s.cycle()
     s.submit(gang("pair", ("workers", 2, WHOLE), priority=10))
-    assert [type(d).__name__ for d in s.cycle(1.0)] == ["Pending"]
+    assert [(type(d).__name__, str(getattr(d, "reason", ""))) for d in s.cycle(1.0)] == [
+        ("Evict", "Preempted"), ("Pending", "Preempting")]
 
 
 def test_a_node_pod_limit_counts_pods_not_tasks() -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import ge
 from typing import TYPE_CHECKING, Protocol
@@ -36,7 +36,7 @@ from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
 from gputask.core.filters import feasible_gpus as feasible_gpus
 from gputask.core.filters import node_fits as node_fits
 from gputask.core.gang import GangOutcome, place_gang
-from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, PodPlacement, Task, TaskKey
+from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, PodPlacement, Task
 from gputask.core.search import Evaluation, board_for, refuser
 
 if TYPE_CHECKING:
