@@ -19,6 +19,7 @@ from gputask.core import (
     make_policy,
 )
 from gputask.core.cluster import ClusterState
+from gputask.core.diagnose import diagnose
 from gputask.core.quota import Preemption
 from gputask.core.scheduler import Evict, Pending
 
@@ -168,3 +169,29 @@ def test_gang_preemption_under_a_required_topology_picks_the_domain_with_the_few
     decisions = run(s, gang("g", 2, 4, priority=10, required=RACK), now=1.0)
     assert (decisions, dict(s.nominated)["ns/g"].placement.nodes) == (
         [("Evict", "ns/t-b2", ("b1",)), ("Pending", "ns/g", ("Preempting",))], ("b1", "b2"))
+
+
+def test_a_gang_that_waits_says_how_many_pods_fit_together_and_where_room_is() -> None:
+    """Three racks of 8-GPU nodes, three free in r1 and one in r2: a required-rack gang of four 8-GPU pods waits
+    with how many pods its best try placed, the nodes with room and the most of them in one domain."""
+    s = scheduler([node("a1", 8, "r1"), node("a2", 8, "r1"), node("a3", 8, "r1"), node("b1", 8, "r2")])
+    s.submit(gang("g", 4, 8, required=RACK))
+    [pending] = s.cycle()
+    assert isinstance(pending, Pending)
+    assert (pending.reason, pending.message) == (
+        "NoFit", "3/4 pods placeable together: 4 nodes have room for a pod of PodSet 'workers' (8 GPUs idle), at "
+        "most 3 of them in one example.com/rack domain")
+
+
+def test_explain_shows_a_gangs_best_partial_placement_and_what_blocks_the_rest() -> None:
+    """Three pods of a four-pod rack-bound gang fit r1: explain lists them pod by pod, the fourth with no node, and
+    the blocking message naming the domain tried."""
+    s = scheduler([node("a1", 8, "r1"), node("a2", 8, "r1"), node("a3", 8, "r1"), node("b1", 8, "r2")])
+    s.submit(gang("g", 4, 8, required=RACK))
+    s.cycle()
+    [view] = diagnose(s, TaskKey("ns/g")).flavors
+    gpus = "GPUs 0, 1, 2, 3, 4, 5, 6, 7"
+    assert view.gang == (
+        f"workers-0 on a1: {gpus}", f"workers-1 on a2: {gpus}", f"workers-2 on a3: {gpus}", "workers-3: no node",
+        "blocked (domain example.com/rack=r1): 3/4 pods placeable together: 4 nodes have room for a pod of PodSet "
+        "'workers' (8 GPUs idle), at most 3 of them in one example.com/rack domain")

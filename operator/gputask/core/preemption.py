@@ -263,7 +263,7 @@ class Planner:
             value = domain_of(self._current(state.name), key)
             if value is not None:
                 domains.setdefault(value, []).append(state.name)
-        out = []
+        out: list[tuple[str, list[NodeName] | None, frozenset[TaskKey]]] = []
         for value in sorted(domains):
             members = set(domains[value])
             useful = frozenset(
