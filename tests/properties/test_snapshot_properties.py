@@ -18,9 +18,9 @@ from test_podset_properties import GIB
 from test_podset_properties import nodes as small_nodes
 
 from gputask.core import (
+    GPU,
     Admit,
     ClusterState,
-    GPU,
     GpuRequest,
     Node,
     PodSet,
