@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -210,10 +211,10 @@ def test_schemas_reject_exactly_the_bad_manifests() -> None:
 
 
 def test_gputask_printer_columns() -> None:
-    """`kubectl get gt` shows Queue, Priority, Phase, Node, GPUs, Memory, Reason and Age in that order."""
+    """`kubectl get gt` shows Queue, Priority, Phase, Node, Pods, GPUs, Memory, Reason and Age in that order."""
     (version,) = CRDS["GPUTask"]["spec"]["versions"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Queue", "Priority", "Phase", "Node", "GPUs", "Memory", "Reason", "Age",
+        "Queue", "Priority", "Phase", "Node", "Pods", "GPUs", "Memory", "Reason", "Age",
     ]  # fmt: skip
 
 
@@ -311,3 +312,118 @@ def test_a_resource_flavor_validates_as_kueues_plus_the_gpu_fields() -> None:
                   gpuProducts=["NVIDIA-H100-80GB-HBM3"], gpuMemory="80Gi")
     assert [is_valid(full), is_valid(flavor()), is_valid(flavor(nodeTaints=[{"key": "gpu"}])),
             is_valid(flavor(cohort="x"))] == [True, True, False, False]
+
+
+# -- gangs: spec.podSets and spec.topology ------------------------------------------------------------
+
+def gang(*pod_sets: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A GPUTask manifest of ``pod_sets`` (no one-pod fields) with the other spec fields given."""
+    return {
+        "apiVersion": "gputask.io/v1alpha1",
+        "kind": "GPUTask",
+        "metadata": {"name": "t", "namespace": "default"},
+        "spec": {"queueName": "default", "podSets": list(pod_sets), **spec},
+    }
+
+
+def pod_set(name: str, **fields: Any) -> dict[str, Any]:
+    """One PodSet with a valid template."""
+    return {"name": name, "template": TEMPLATE, **fields}
+
+
+def test_schema_bounds_pod_sets_and_topology() -> None:
+    """1 to 8 PodSets named as DNS labels, count 1 to 1024, gpus 1 to 16, topology keys label keys."""
+    cases = {
+        "one PodSet": gang(pod_set("main")),
+        "launcher and workers": gang(pod_set("launcher"), pod_set("workers", count=1024, gpus=8, gpuMemory="40Gi")),
+        "no PodSet": gang(),
+        "nine PodSets": gang(*(pod_set(f"p{i}") for i in range(9))),
+        "count 0": gang(pod_set("w", count=0)),
+        "count 1025": gang(pod_set("w", count=1025)),
+        "gpus 17": gang(pod_set("w", gpus=17)),
+        "name not a DNS label": gang(pod_set("Workers")),
+        "no name": gang({"count": 2}),
+        "fraction 0.5": gang(pod_set("w", gpuFraction="0.5")),
+        "fraction 2": gang(pod_set("w", gpuFraction="2")),
+        "memory and fraction": gang(pod_set("w", gpuMemory="4Gi", gpuFraction="0.5")),
+        "unknown PodSet field": gang(pod_set("w", replicas=2)),
+        "topology required": gang(pod_set("w"), topology={"required": "topology.kubernetes.io/zone"}),
+        "topology preferred": gang(pod_set("w"), topology={"preferred": "nvidia.com/gpu.clique"}),
+        "topology key with two slashes": gang(pod_set("w"), topology={"required": "a/b/c"}),
+        "unknown topology field": gang(pod_set("w"), topology={"within": "rack"}),
+    }
+    rejected = [name for name, manifest in cases.items() if not is_valid(manifest)]
+    assert rejected == [
+        "no PodSet", "nine PodSets", "count 0", "count 1025", "gpus 17", "name not a DNS label", "no name",
+        "fraction 2", "memory and fraction", "unknown PodSet field", "topology key with two slashes",
+        "unknown topology field",
+    ]  # fmt: skip
+
+
+def test_pod_set_names_are_unique_as_list_map_keys() -> None:
+    """PodSets are a list map keyed by name: the API server refuses a repeated name (Duplicate value) and merges
+    PodSets by name on apply."""
+    pod_sets = crdschema.openapi_schema(CRDS["GPUTask"])["properties"]["spec"]["properties"]["podSets"]
+    assert (pod_sets["x-kubernetes-list-type"], pod_sets["x-kubernetes-list-map-keys"], pod_sets["items"]["required"]
+            ) == ("map", ["name"], ["name"])
+
+
+SPEC_RULES = crdschema.openapi_schema(CRDS["GPUTask"])["properties"]["spec"]
+BOTH = "set podSets or the one-pod fields (gpus, gpuMemory, gpuFraction, gpuProducts, template), not both"
+MPS = "gpuSharing: MPS is for shared GPUs: set gpuMemory, or a gpuFraction below 1"
+
+
+@pytest.mark.parametrize(
+    ("spec", "broken"),
+    [
+        ({"podSets": [{"name": "w"}]}, []),
+        ({"podSets": [{"name": "w"}], "gpus": 1}, []),  # the API server defaults gpus to 1: that is no shorthand
+        ({"podSets": [{"name": "w"}], "gpus": 2}, [BOTH]),
+        ({"podSets": [{"name": "w"}], "gpuMemory": "4Gi"}, [BOTH]),
+        ({"podSets": [{"name": "w"}], "gpuFraction": "0.5"}, [BOTH]),
+        ({"podSets": [{"name": "w"}], "gpuProducts": ["NVIDIA-A10"]}, [BOTH]),
+        ({"podSets": [{"name": "w"}], "template": TEMPLATE}, [BOTH]),
+        ({"gpus": 2, "template": TEMPLATE}, []),
+        ({"podSets": [{"name": "a", "gpuMemory": "4Gi"}, {"name": "b", "gpuFraction": "0.5"}], "gpuSharing": "MPS"},
+         []),
+        ({"podSets": [{"name": "a", "gpuMemory": "4Gi"}, {"name": "b"}], "gpuSharing": "MPS"}, [MPS]),
+        ({"podSets": [{"name": "a", "gpuFraction": "1"}], "gpuSharing": "MPS"}, [MPS]),
+    ],
+)  # fmt: skip
+def test_cel_rules_refuse_both_shapes_and_mps_on_a_whole_gpu_pod_set(spec: dict[str, Any], broken: list[str]) -> None:
+    """The spec's CEL rules refuse podSets with any one-pod field (gpus other than its default 1), and MPS unless
+    every PodSet shares its GPUs."""
+    assert crdschema.rule_failures(SPEC_RULES, spec) == broken
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "broken"),
+    [
+        (("topology",), {"required": "topology.kubernetes.io/zone"}, []),
+        (("topology",), {"preferred": "rack"}, []),
+        (("topology",), {}, ["set exactly one of topology.required and topology.preferred"]),
+        (("topology",), {"required": "rack", "preferred": "zone"},
+         ["set exactly one of topology.required and topology.preferred"]),
+        (("podSets", "[]"), {"name": "w", "gpuMemory": "4Gi", "gpuFraction": "0.5"},
+         ["set at most one of gpuMemory and gpuFraction"]),
+        (("podSets", "[]"), {"name": "w", "gpuMemory": "4Gi"}, []),
+        (("podSets", "[]", "gpuMemory"), "0Mi", ["gpuMemory must be more than zero"]),
+        (("podSets", "[]", "gpuMemory"), "512Mi", []),
+    ],
+)  # fmt: skip
+def test_cel_rules_of_topology_and_each_pod_set(path: tuple[str, ...], value: Any, broken: list[str]) -> None:
+    """topology names exactly one of required and preferred; a PodSet's memory and fraction rules are the
+    shorthand's."""
+    node = SPEC_RULES
+    for name in path:
+        node = node["items"] if name == "[]" else node["properties"][name]
+    assert crdschema.rule_failures(node, value) == broken
+
+
+def test_every_list_and_string_a_spec_rule_iterates_is_bounded() -> None:
+    """The CEL cost estimate of kube-apiserver multiplies by maxItems and maxLength: every list and string
+    under spec.podSets (which the MPS rule iterates) states its bound."""
+    pod_sets = SPEC_RULES["properties"]["podSets"]
+    fields = pod_sets["items"]["properties"]
+    assert (pod_sets["maxItems"], fields["gpuMemory"]["maxLength"], fields["gpuFraction"]["maxLength"],
+            fields["gpuProducts"]["maxItems"], fields["name"]["maxLength"]) == (8, 64, 5, 32, 63)

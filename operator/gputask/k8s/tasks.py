@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gputask.core import MILLI_PER_GPU, Placement, TaskKey
+from gputask.core import MILLI_PER_GPU, Placement, PodPlacement, Task, TaskKey
 from gputask.k8s import records
 from gputask.k8s.client import ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
 from gputask.k8s.lingering import HELD_NOTE
@@ -38,6 +38,7 @@ from gputask.k8s.records import (
 )
 from gputask.k8s.workload import workload_of
 from gputask.k8s.writer import Writer
+from gputask.manifests.podsets import pod_ids, pods_summary
 
 log = logging.getLogger("gputask.tasks")
 
@@ -60,15 +61,34 @@ class Unwritten:
     retry_at: float
 
 
-def placement_status(placement: Placement | None) -> dict[str, Any] | None:
-    """The ``status.placement`` object of a GPUTask's placement (one pod)."""
+def placement_status(placement: Placement | None, task: Task | None = None) -> dict[str, Any] | None:
+    """The ``status.placement`` object of a GPUTask's placement: ``node`` and ``gpus`` for one pod; for a task of
+    several pods (``task`` names their PodSets) ``pods``, one ``{podSet, index, node, gpus}`` per pod in PodSet
+    then index order."""
     if placement is None:
         return None
-    pod = placement.only()
+    if len(placement.pods) == 1:
+        pod = placement.only()
+        return {"node": pod.node, "gpus": _gpus_status(pod)}
+    names = pod_ids(task) if task is not None and task.pod_count == len(placement.pods) else None
     return {
-        "node": pod.node,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in pod.gpus],
+        "pods": [
+            {"podSet": names[i][0] if names else "", "index": names[i][1] if names else i, "node": pod.node,
+             "gpus": _gpus_status(pod)}
+            for i, pod in enumerate(placement.pods)
+        ]
     }
+
+
+def _gpus_status(pod: PodPlacement) -> list[dict[str, Any]]:
+    return [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in pod.gpus]
+
+
+def pods_text(record: TaskRecord) -> str | None:
+    """``status.podsSummary`` of a placed task of several pods (``8x4 on 8 nodes``); None otherwise."""
+    if record.placement is None or len(record.placement.pods) == 1 or record.task is None:
+        return None
+    return pods_summary(record.task, record.placement)
 
 
 def mib_quantity(mib: int) -> str:
@@ -92,7 +112,11 @@ def memory_text(record: TaskRecord) -> str | None:
 
 
 def describe(placement: Placement) -> str:
-    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary of a GPUTask's placement (one pod)."""
+    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary of a GPUTask's placement (one pod); ``8 pods on 2
+    nodes (node-a, node-b)`` for several."""
+    if len(placement.pods) != 1:
+        nodes = placement.nodes
+        return f"{len(placement.pods)} pods on {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(nodes)})"
     pod = placement.only()
     mib = sorted({g.memory_mib for g in pod.gpus})
     each = f"{mib[0]} MiB each" if len(mib) == 1 else f"{mib} MiB"
@@ -192,7 +216,8 @@ class Transitions:
         return {
             "phase": record.phase,
             "conditions": list(record.conditions.values()),
-            "placement": placement_status(record.placement),
+            "placement": placement_status(record.placement, record.task),
+            "podsSummary": pods_text(record),
             "attempt": record.attempt,
             "reschedules": record.reschedules,
             "jobName": record.job_name,

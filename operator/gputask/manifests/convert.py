@@ -28,6 +28,7 @@ from gputask.core import (
     LabelSelector,
     Node,
     NodeName,
+    PodSet,
     Preemption,
     QueueSpec,
     ResourceQuota,
@@ -46,7 +47,9 @@ from gputask.core.quota import (
 from gputask.manifests import flavors as flavors_manifest
 from gputask.manifests.fields import aggregate, kube_quantity
 from gputask.manifests.flavors import fungibility, resource_groups
-from gputask.manifests.podfit import constraints_of, pod_requests
+from gputask.core.fit import Constraints
+from gputask.manifests.podfit import Requests, constraints_of, pod_requests
+from gputask.manifests.podsets import pod_set_entries, topology_of
 from gputask.manifests.podspec import template_problems
 
 MIB = 1 << 20
@@ -91,14 +94,14 @@ def _bad(message: str) -> InvalidTaskError:
     return InvalidTaskError(INVALID_SPEC, message)
 
 
-def _int_field(spec: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+def _int_field(spec: Mapping[str, Any], name: str, default: int, low: int, high: int, where: str = "spec") -> int:
     value = spec.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
         finite = isinstance(value, float) and math.isfinite(value)
         shown = f"{value:f}".rstrip("0").rstrip(".") if finite else repr(value)
-        raise _bad(f"spec.{name} must be an integer from {low} to {high}, got {shown}")
+        raise _bad(f"{where}.{name} must be an integer from {low} to {high}, got {shown}")
     if not low <= value <= high:
-        raise _bad(f"spec.{name} must be between {low} and {high}, got {value}")
+        raise _bad(f"{where}.{name} must be between {low} and {high}, got {value}")
     return value
 
 
@@ -124,59 +127,66 @@ def gpu_sharing(spec: Mapping[str, Any]) -> str:
     return str(sharing)
 
 
-def gpu_request(spec: Mapping[str, Any], *, namespace: str = "default", per_namespace: bool = False) -> GpuRequest:
+def gpu_request(
+    spec: Mapping[str, Any], *, namespace: str = "default", per_namespace: bool = False,
+    pod_set: Mapping[str, Any] | None = None, where: str = "spec",
+) -> GpuRequest:
     """The core GpuRequest of a GPUTask spec in ``namespace`` (its share group from ``spec.gpuSharing`` and, with
-    ``per_namespace``, the namespace: :func:`share_group`); raises InvalidTaskError(InvalidSpec)."""
-    request = _gpu_shape(spec)
+    ``per_namespace``, the namespace: :func:`share_group`); raises InvalidTaskError(InvalidSpec). With ``pod_set``
+    (one entry of ``spec.podSets``, at ``where``) the GPUs are that PodSet's and the sharing the spec's."""
+    request = _gpu_shape(spec if pod_set is None else pod_set, where)
     sharing = gpu_sharing(spec)
     if request.exclusive:
         if sharing == "MPS":
-            raise _bad("spec.gpuSharing: MPS is for shared GPUs: set spec.gpuMemory, or a spec.gpuFraction below 1")
+            raise _bad(f"spec.gpuSharing: MPS is for shared GPUs: set {where}.gpuMemory, or a {where}.gpuFraction "
+                       "below 1")
         return request
     return replace(request, share_group=share_group(sharing, namespace, per_namespace=per_namespace))
 
 
-def _gpu_shape(spec: Mapping[str, Any]) -> GpuRequest:
-    count = _int_field(spec, "gpus", 1, 1, MAX_GPUS)
+def _gpu_shape(spec: Mapping[str, Any], where: str = "spec") -> GpuRequest:
+    count = _int_field(spec, "gpus", 1, 1, MAX_GPUS, where)
     memory, fraction = spec.get("gpuMemory"), spec.get("gpuFraction")
     if memory is not None and fraction is not None:
-        raise _bad("set at most one of spec.gpuMemory and spec.gpuFraction")
+        raise _bad(f"set at most one of {where}.gpuMemory and {where}.gpuFraction")
     products = spec.get("gpuProducts") or []
     if not isinstance(products, list) or not all(isinstance(p, str) and p for p in products):
-        raise _bad(f"spec.gpuProducts must be a list of product names, got {products!r}")
+        raise _bad(f"{where}.gpuProducts must be a list of product names, got {products!r}")
     request = GpuRequest(count, products=frozenset(products))
     if memory is not None:
+        field = f"{where}.gpuMemory"
         try:
-            mib = to_mib(memory, field="spec.gpuMemory")
+            mib = to_mib(memory, field=field)
         except ValueError as exc:
             raise _bad(str(exc)) from None
-        if quantity(memory, field="spec.gpuMemory") < MIB:
-            raise _bad(_below_one_mib(memory))
+        if quantity(memory, field=field) < MIB:
+            raise _bad(_below_one_mib(memory, field))
         if mib > MAX_GPU_MEMORY_MIB:
-            raise _bad(f"spec.gpuMemory: {memory!r} is more than any GPU has (limit 1Ti)")
+            raise _bad(f"{field}: {memory!r} is more than any GPU has (limit 1Ti)")
         return GpuRequest(count, memory_mib=mib, products=request.products)
     if fraction is not None:
-        return GpuRequest(count, fraction_milli=_fraction_milli(fraction), products=request.products)
+        return GpuRequest(count, fraction_milli=_fraction_milli(fraction, f"{where}.gpuFraction"),
+                          products=request.products)
     return request
 
 
-def _below_one_mib(memory: Any) -> str:
+def _below_one_mib(memory: Any, field: str = "spec.gpuMemory") -> str:
     """Why GPU memory under 1Mi is refused: a bare number is bytes (``4096`` is 4 KiB), almost surely meant as MiB."""
     shown = str(memory).strip()
     hint = f"'{shown}Mi'" if shown.isdigit() else "'4096Mi' or '4Gi'"
-    return (f"spec.gpuMemory: {memory!r} is less than 1Mi (a bare number is bytes): likely a unit mistake, "
+    return (f"{field}: {memory!r} is less than 1Mi (a bare number is bytes): likely a unit mistake, "
             f"write e.g. {hint}")
 
 
-def _fraction_milli(value: Any) -> int:
+def _fraction_milli(value: Any, field: str = "spec.gpuFraction") -> int:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise _bad(f"spec.gpuFraction must be a decimal string in (0, 1], got {value!r}")
+        raise _bad(f"{field} must be a decimal string in (0, 1], got {value!r}")
     try:
         share = Decimal(str(value).strip())
     except InvalidOperation:
-        raise _bad(f"spec.gpuFraction must be a decimal string in (0, 1], got {value!r}") from None
+        raise _bad(f"{field} must be a decimal string in (0, 1], got {value!r}") from None
     if not share.is_finite() or not 0 < share <= 1:
-        raise _bad(f"spec.gpuFraction must be in (0, 1], got {value!r}")
+        raise _bad(f"{field} must be in (0, 1], got {value!r}")
     return max(1, math.ceil(share * MILLI_PER_GPU))
 
 
@@ -206,7 +216,11 @@ def task_from_manifest(
     WorkloadPriorityClass; when not given, ``priority_of`` is used for the label too),
     None when it does not exist. The pod template is checked against what the Job API refuses
     (:mod:`gputask.manifests.podspec`) when there is one, and read for the pod's requests, node selector,
-    affinity and tolerations (:mod:`gputask.manifests.podfit`). Raises InvalidTaskError
+    affinity and tolerations (:mod:`gputask.manifests.podfit`). A spec with ``podSets`` (a gang; checked by
+    :func:`gputask.manifests.podsets.pod_set_entries`) becomes a task of those PodSets
+    (:meth:`gputask.core.Task.of_pod_sets`), each PodSet's GPUs and template converted as the one-pod fields are
+    and its sharing the spec's ``gpuSharing``; ``spec.topology`` becomes ``topology_required`` or
+    ``topology_preferred`` (:func:`gputask.manifests.podsets.topology_of`). Raises InvalidTaskError
     with reason InvalidSpec, MissingQueueName or PriorityClassNotFound.
     """
     meta = obj.get("metadata") or {}
@@ -232,29 +246,52 @@ def task_from_manifest(
         if found is None:
             raise InvalidTaskError("PriorityClassNotFound", f"priority class {class_name!r} does not exist")
         priority = found
-    problems = template_problems(spec["template"]) if spec.get("template") is not None else []
+    namespace = str(meta.get("namespace") or "default")
+    required, preferred = topology_of(spec)
+    entries = pod_set_entries(spec)
+    common: dict[str, Any] = {
+        "priority": priority,
+        "created": timestamp(meta.get("creationTimestamp")),
+        "namespace_labels": tuple(sorted((namespace_labels or {}).items())),
+        "topology_required": required,
+        "topology_preferred": preferred,
+    }
+    key = task_key(namespace, meta["name"])
+    if entries is None:
+        requests, constraints = _pod_shape(spec.get("template"), "spec.template")
+        return Task(
+            key=key,
+            queue=queue,
+            request=gpu_request(spec, namespace=namespace, per_namespace=share_per_namespace),
+            max_reschedules=_int_field(spec, "maxReschedules", 3, 0, 1000),
+            cpu_milli=requests.cpu_milli,
+            memory_mib=requests.memory_mib,
+            ephemeral_mib=requests.ephemeral_mib,
+            constraints=constraints,
+            **common,
+        )
+    pod_sets = []
+    for i, entry in enumerate(entries):
+        where = f"spec.podSets[{i}]"
+        requests, constraints = _pod_shape(entry.get("template"), f"{where}.template")
+        request = gpu_request(spec, namespace=namespace, per_namespace=share_per_namespace, pod_set=entry, where=where)
+        pod_sets.append(PodSet(str(entry["name"]), int(entry.get("count", 1)), request, requests.cpu_milli,
+                               requests.memory_mib, requests.ephemeral_mib, constraints))
+    return Task.of_pod_sets(key, queue, tuple(pod_sets), max_reschedules=_int_field(spec, "maxReschedules", 3, 0, 1000),
+                            **common)
+
+
+def _pod_shape(template: Any, where: str) -> tuple[Requests, Constraints | None]:
+    """The requests and node constraints of a pod template at ``where`` (none: no requests, no constraints),
+    after the checks of what the Job API refuses in it; raises InvalidTaskError(InvalidSpec)."""
+    problems = template_problems(template, where) if template is not None else []
     if problems:
         raise _bad(f"the pod template would be refused as a Job's: {aggregate(problems)}")
-    pod = (spec.get("template") or {}).get("spec") or {}
+    pod = (template or {}).get("spec") or {}
     try:
-        requests = pod_requests(pod, "spec.template.spec")
-        constraints = constraints_of(pod, "spec.template.spec")
+        return pod_requests(pod, f"{where}.spec"), constraints_of(pod, f"{where}.spec")
     except ValueError as exc:
         raise _bad(f"the pod template would be refused as a Job's: {exc}") from None
-    namespace = str(meta.get("namespace") or "default")
-    return Task(
-        key=task_key(namespace, meta["name"]),
-        queue=queue,
-        request=gpu_request(spec, namespace=namespace, per_namespace=share_per_namespace),
-        priority=priority,
-        created=timestamp(meta.get("creationTimestamp")),
-        namespace_labels=tuple(sorted((namespace_labels or {}).items())),
-        max_reschedules=_int_field(spec, "maxReschedules", 3, 0, 1000),
-        cpu_milli=requests.cpu_milli,
-        memory_mib=requests.memory_mib,
-        ephemeral_mib=requests.ephemeral_mib,
-        constraints=constraints,
-    )
 
 
 def priority_class_name(obj: Mapping[str, Any]) -> str | None:
