@@ -671,3 +671,23 @@ def test_quota_reserved_again_resets_evicted_and_requeued_once() -> None:
         "Evicted": ("False", "QuotaReserved", "Previously: preempted by ns/high"),
         "Requeued": ("False", "QuotaReserved", "Previously: requeued after Preempted"),
     })
+
+
+async def test_a_task_of_pod_sets_is_refused_until_the_operator_runs_gangs() -> None:
+    """A GPUTask with spec.podSets goes Failed/InvalidSpec saying gangs are not run yet, and no Job is created
+    (until the operator builds a gang's Indexed Jobs); a bad PodSet is reported as such first."""
+    parts = Parts()
+    template = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+    for name, pod_sets in (("gang", [{"name": "workers", "count": 2, "template": template}]),
+                           ("bad", [{"name": "workers", "count": 0, "template": template}])):
+        body = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUTask", "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"queueName": "q", "podSets": pod_sets}}
+        parts.controller.on_task(parts.client.put(GPUTASKS, body, "ns"))
+    await parts.loop.run_once()
+    found = {n: (parts.status(n)["phase"], parts.status(n)["message"]) for n in ("gang", "bad")}
+    assert (found, parts.client.all(JOBS)) == ({
+        "gang": ("Failed", "spec.podSets: Forbidden: tasks of podSets (gangs) are not run by this operator version "
+                           "yet; give one pod with gpus, gpuMemory or gpuFraction, gpuProducts and template"),
+        "bad": ("Failed", "spec.podSets[0].count: Invalid value: 0: spec.podSets[0].count in body should be greater "
+                          "than or equal to 1"),
+    }, [])

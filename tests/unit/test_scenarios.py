@@ -135,7 +135,11 @@ BATCH = scenario(
 
 
 def test_basic_matching_whole_output() -> None:
-    """Both tasks start at t=0, the 12Gi one on the 16Gi card (index 0), in the exact output format."""
+    """Both tasks start at t=0, the 12Gi one on the 16Gi card (index 0), in the exact output format: a one-pod
+    task's ``pods`` is its one pod of PodSet main; its history entries carry no ``pods``."""
+    def pod(node: str, mib: int) -> dict[str, Any]:
+        return {"podSet": "main", "index": 0, "node": node, "gpus": [0], "memoryPerGpu": mib}
+
     history = [entry(0, "Admitted", node="node-a", gpus=(0,))]
     task = {
         "namespace": "default",
@@ -153,8 +157,8 @@ def test_basic_matching_whole_output() -> None:
         "config": Config().public(),
         "policy": "packing",
         "tasks": [
-            {**task, "name": "big", "memoryPerGpu": 12288},
-            {**task, "name": "small", "memoryPerGpu": 4096},
+            {**task, "name": "big", "memoryPerGpu": 12288, "pods": [pod("node-a", 12288)]},
+            {**task, "name": "small", "memoryPerGpu": 4096, "pods": [pod("node-a", 4096)]},
         ],
         "queues": {
             "default": {

@@ -80,6 +80,7 @@ from gputask.core.failures import GPU_FAILURE, NODE_FAILURE
 from gputask.core.model import mig_parent_index
 from gputask.core.scheduler import Decision, Evict, Fail
 from gputask.manifests.convert import task_from_manifest
+from gputask.manifests.podsets import pod_ids
 from gputask.sim.scenario_model import (
     Event,
     GpuRef,
@@ -181,16 +182,17 @@ class _Record:
         placement: Placement | None = None,
         by: str | None = None,
     ) -> None:
-        self.history.append(
-            {
-                "at": _num(at),
-                "event": event,
-                "reason": reason,
-                "node": _node_of(placement),
-                "gpus": _gpus_of(placement),
-                "by": by,
-            }
-        )
+        entry = {
+            "at": _num(at),
+            "event": event,
+            "reason": reason,
+            "node": _node_of(placement),
+            "gpus": _gpus_of(placement),
+            "by": by,
+        }
+        if self.task is not None and self.task.pod_sets:  # a task of podSets: which pod is where
+            entry["pods"] = _pods_of(self.task, placement)
+        self.history.append(entry)
 
 
 class _Run:
@@ -499,6 +501,18 @@ def _gpus_of(placement: Placement | None) -> list[int]:
     return [] if placement is None else [i for pod in placement.pods for i in pod.indices]
 
 
+def _pods_of(task: Task | None, placement: Placement | None) -> list[dict[str, Any]]:
+    """The ``pods`` of a task in the output: ``{podSet, index, node, gpus, memoryPerGpu}`` per pod, in PodSet then
+    index order (``[]`` while not placed)."""
+    if placement is None or task is None:
+        return []
+    return [
+        {"podSet": name, "index": index, "node": pod.node, "gpus": list(pod.indices),
+         "memoryPerGpu": max(s.memory_mib for s in pod.gpus)}
+        for (name, index), pod in zip(pod_ids(task), placement.pods, strict=True)
+    ]
+
+
 def _task_output(record: _Record) -> dict[str, Any]:
     placement = record.placement
     return {
@@ -507,6 +521,7 @@ def _task_output(record: _Record) -> dict[str, Any]:
         "phase": record.phase,
         "node": _node_of(placement),
         "gpus": _gpus_of(placement),
+        "pods": _pods_of(record.task, placement),
         "memoryPerGpu": None if placement is None else max(s.memory_mib for p in placement.pods for s in p.gpus),
         "attempt": record.attempt,
         "admittedAt": _num(record.admitted_at),

@@ -457,8 +457,15 @@ def fifo_baseline(scenario: Scenario) -> Scenario:
 def _whole_gpus(event: Event) -> Event:
     if event.submit is None or not isinstance(event.submit.spec, Mapping):
         return event
-    spec = {k: v for k, v in event.submit.spec.items() if k not in ("gpuMemory", "gpuFraction")}
+    spec = _whole(event.submit.spec)
+    if isinstance(spec.get("podSets"), list):
+        spec["podSets"] = [_whole(p) if isinstance(p, Mapping) else p for p in spec["podSets"]]
     return event.model_copy(update={"submit": event.submit.model_copy(update={"spec": spec})})
+
+
+def _whole(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` (a spec or one of its podSets) without gpuMemory and gpuFraction: whole GPUs."""
+    return {k: v for k, v in fields.items() if k not in ("gpuMemory", "gpuFraction")}
 
 
 def scenario_gpus(scenario: Scenario) -> dict[tuple[str, int], Gpu]:

@@ -89,8 +89,8 @@ def write_timeline(result: dict[str, Any], scenario: Scenario, path: Path) -> No
             handles.append(Patch(facecolor=color, edgecolor="black", label=name))
         for entry in task["history"]:
             if entry["event"] == "Evicted":
-                for index in entry["gpus"]:
-                    ax.plot(entry["at"], lanes[(entry["node"], index)], "x", color="red", markersize=10)
+                for lane, _ in _lanes_of(entry):
+                    ax.plot(entry["at"], lanes[lane], "x", color="red", markersize=10)
     marks = [
         Patch(facecolor="white", edgecolor="black", hatch="//", label="still running at the end"),
         Line2D([], [], marker="x", color="red", linestyle="none", markersize=8, label="evicted"),
@@ -145,13 +145,21 @@ def _intervals(
         if entry["event"] == "Admitted":
             opened = entry
         elif opened is not None and entry["event"] in ("Evicted", "Finished", "End", "Deleted", "Failed"):
-            request = gpu_request(spec)
-            for index in opened["gpus"]:
-                gpu = gpus[(opened["node"], index)]
-                share = min(1.0, request.mib_on(gpu) / gpu.memory_mib)
-                out.append(((opened["node"], index), (opened["at"], entry["at"], share, entry["event"] == "End")))
+            request = gpu_request(spec) if "pods" not in opened else None
+            for lane, mib in _lanes_of(opened):
+                gpu = gpus[lane]
+                share = min(1.0, (mib if request is None else request.mib_on(gpu)) / gpu.memory_mib)
+                out.append((lane, (opened["at"], entry["at"], share, entry["event"] == "End")))
             opened = None
     return out
+
+
+def _lanes_of(entry: dict[str, Any]) -> list[tuple[tuple[str, int], int]]:
+    """((node, GPU index), MiB reserved on it) of a history entry: its ``pods`` for a task of podSets (each pod's
+    node and ``memoryPerGpu``), else its one ``node`` and ``gpus`` (MiB 0: the request says)."""
+    if "pods" in entry:
+        return [((pod["node"], index), pod["memoryPerGpu"]) for pod in entry["pods"] for index in pod["gpus"]]
+    return [((entry["node"], index), 0) for index in entry["gpus"]]
 
 
 def _stack(placed: list[tuple[float, float, float, float]], start: float, end: float, share: float) -> float:
