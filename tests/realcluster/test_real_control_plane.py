@@ -106,6 +106,37 @@ def test_every_crd_is_accepted_within_the_cel_cost_budget_and_established(crds: 
     ]
 
 
+def test_the_api_server_checks_gangs_by_the_crds_schema_and_cel_rules(control_plane: ControlPlane,
+                                                                      crds: list[dict[str, Any]]) -> None:
+    """A GPUTask of podSets with a topology passes a server-side dry run; giving the one-pod fields too, a repeated
+    PodSet name, a count of 0 or both topology keys is refused with the CRD's words."""
+    template = {"spec": {"containers": [{"name": "main", "image": "trainer:1"}], "restartPolicy": "Never"}}
+
+    def dry_run(**spec: Any) -> str:
+        body = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUTask",
+                "metadata": {"name": "g", "namespace": "default"}, "spec": {"queueName": "q", **spec}}
+        done = control_plane.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                                     input=json.dumps(body), check=False)
+        return "accepted" if done.returncode == 0 else done.stderr
+
+    workers = {"name": "workers", "count": 4, "gpus": 8, "template": template}
+    launcher = {"name": "launcher", "gpuMemory": "4Gi", "template": template}
+    found = [
+        dry_run(podSets=[launcher, workers], topology={"required": "nvidia.com/gpu.clique"}),
+        dry_run(podSets=[workers], gpuMemory="4Gi"),
+        dry_run(podSets=[workers, workers]),
+        dry_run(podSets=[{**workers, "count": 0}]),
+        dry_run(podSets=[workers], topology={"required": "rack", "preferred": "zone"}),
+    ]
+    assert [f if f == "accepted" else next((m for m in (
+        "set podSets or the one-pod fields", 'Duplicate value: map[string]interface {}{"name":"workers"}',
+        "spec.podSets[0].count: Invalid value: 0", "set exactly one of topology.required and topology.preferred",
+    ) if m in f), f) for f in found] == [
+        "accepted", "set podSets or the one-pod fields", 'Duplicate value: map[string]interface {}{"name":"workers"}',
+        "spec.podSets[0].count: Invalid value: 0", "set exactly one of topology.required and topology.preferred",
+    ]
+
+
 def test_every_example_passes_the_api_servers_strict_validation(control_plane: ControlPlane,
                                                                 crds: list[dict[str, Any]]) -> None:
     """Every manifest under examples/ (Node and GPUNode fixtures included) is accepted by a server-side dry

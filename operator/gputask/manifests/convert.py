@@ -35,6 +35,7 @@ from gputask.core import (
     Task,
     task_key,
 )
+from gputask.core.fit import Constraints
 from gputask.core.flavors import Flavor
 from gputask.core.model import is_mig_product, mig_parent_index
 from gputask.core.quota import (
@@ -47,7 +48,6 @@ from gputask.core.quota import (
 from gputask.manifests import flavors as flavors_manifest
 from gputask.manifests.fields import aggregate, kube_quantity
 from gputask.manifests.flavors import fungibility, resource_groups
-from gputask.core.fit import Constraints
 from gputask.manifests.podfit import Requests, constraints_of, pod_requests
 from gputask.manifests.podsets import pod_set_entries, topology_of
 from gputask.manifests.podspec import template_problems
