@@ -1,13 +1,15 @@
-"""List, then watch: the operator's own informer for its hot kinds, GPUTasks, its Jobs and pods.
+"""List, then watch: the operator's own informer, for every kind it watches.
 
-Why not kopf for these (kopf stays the framework for every other kind): in a 2,000-task burst
+Why not kopf's watches (kopf stays the operator's framework: start-up, login, probes, peering): in a 2,000-task burst
 (``bench/e2e_burst.py --profile``, py-spy) the operator spent 48% of its CPU in kopf's per-event machinery
 for the three events each task causes (its GPUTask added, the echo of our status write, its Job added): a
 worker task per object, and per event a body, patch, logger, cause and memo built and the handler invoked
 through context variables, while the handlers themselves took 6%. At 6.8 ms of CPU per task the operator
 made Jobs at 0.3 times the rate the API server accepted GPUTasks. Here each event is parsed once (JSON to
 plain dicts, as the lines of a chunk arrive) and handed over in batches: one lock of the core gate and one
-wake of the scheduling loop per batch.
+wake of the scheduling loop per batch. The other kinds (Nodes, GPUNodes, queues, flavors, priority classes,
+Namespaces, Kueue's objects) came through kopf too, until one ingestion path made every feed testable on
+:class:`~gputask.testing.fake.FakeKubeClient` and the rebuild need no replay of events kept aside.
 
 The rules are client-go's reflector's:
 

@@ -1,6 +1,6 @@
 """The scheduling loop: wake on change (or every ``cycleInterval``), run a cycle, apply decisions.
 
-Runs as one asyncio task beside kopf's watchers. Handlers call :meth:`SchedulingLoop.wake`;
+Runs as one asyncio task beside the informers. Their feeds call :meth:`SchedulingLoop.wake`;
 the loop never runs before :meth:`SchedulingLoop.start` is given a rebuilt controller, so a
 restarted operator never admits before it knows what is already running.
 
