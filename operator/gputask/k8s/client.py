@@ -6,17 +6,7 @@ well-kept ``kubernetes`` client's configuration (kubeconfig or in-cluster). The 
 second instance with connections of its own, so it never waits behind scheduling writes.
 :class:`gputask.testing.FakeKubeClient` is the in-process fake of the same interface.
 
-Errors::
-
-    ApiError                 an API call failed (``status``: HTTP code, 0 = unreachable; ``retry_after_s``, ``causes``)
-    ├── NotFound             404
-    ├── Expired              410: a watch's resourceVersion is older than the server keeps (list again)
-    ├── AlreadyExists        409 on create: an object of that name exists
-    ├── Conflict             409 on update: the resourceVersion was stale
-    ├── Unanswered           sent, but its answer was lost (connection reset, server disconnected, timeout, a 5xx
-    │                        that is no Status, a 504 Timeout): a write may have been served, so its caller finds
-    │                        out (a GET) before it believes either outcome
-    └── Fenced               not sent: the guard (leadership) said no just before sending
+The errors and the resources are in :mod:`gputask.k8s.resources` (re-exported here).
 
 Writes carry ``fieldManager`` (``gputask-operator``, ``gputask-agent``) and the client sends a
 User-Agent of the same name, so managedFields name the writer instead of ``OpenAPI-Generator``.
@@ -34,20 +24,50 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
-import ssl
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol
 
 import aiohttp
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-from kubernetes.client.rest import should_bypass_proxies
 
-from gputask import __version__
+from gputask.k8s.kubeconfig import _proxy, _retries, _ssl_context, load_api_client
+from gputask.k8s.resources import (
+    ADMISSIONCHECKS,
+    CONFIGMAPS,
+    DEVICECLASSES,
+    EVENTS,
+    GPUCLUSTERQUEUES,
+    GPULOCALQUEUES,
+    GPUNODES,
+    GPURESOURCEFLAVORS,
+    GPUTASKS,
+    JOBS,
+    LEASES,
+    LOCALQUEUES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    PRIORITYCLASSES,
+    RESOURCECLAIMS,
+    RESOURCECLAIMTEMPLATES,
+    RUNTIMECLASSES,
+    WORKLOADPRIORITYCLASSES,
+    WORKLOADS,
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Expired,
+    Fenced,
+    Guard,
+    Listed,
+    NotFound,
+    Resource,
+    Unanswered,
+    at_version,
+    doubling_backoff_s,
+)
 
 log = logging.getLogger("gputask.client")
 
@@ -62,153 +82,6 @@ THROTTLE_RETRIES = 10  # a request answered 429 (or 5xx) with Retry-After is sen
 RETRY_AFTER_MIN_S = 1.0  # a Retry-After of 0 still waits this long (no burst of retries at a throttled server)
 RETRY_AFTER_MAX_S = 30.0  # a longer Retry-After is waited this long at most
 BODY_SNIPPET = 200  # characters of a body that is no Kubernetes Status kept in an ApiError's message
-
-
-class ApiError(Exception):
-    """An API call failed; ``status`` is the HTTP code (0 when the server was unreachable), ``reason`` the Status
-    reason (``NotFound``, ``Invalid``, ``TooManyRequests``, ...), ``message`` what the server said;
-    ``retry_after_s`` the seconds the server asked to wait (``Retry-After``, else ``details.retryAfterSeconds``;
-    None when it said nothing), ``causes`` the Status's ``details.causes`` (field errors of a 422: each a dict with
-    ``reason``, ``message``, ``field``)."""
-
-    def __init__(
-        self, status: int, reason: str, message: str = "", *, retry_after_s: float | None = None,
-        causes: tuple[dict[str, Any], ...] = (),
-    ) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status, self.reason, self.message = status, reason, message
-        self.retry_after_s, self.causes = retry_after_s, causes
-
-
-class NotFound(ApiError):
-    """404: the object does not exist."""
-
-
-class AlreadyExists(ApiError):
-    """409 on create: an object of that name exists."""
-
-
-class Conflict(ApiError):
-    """409 on update: the resourceVersion was stale."""
-
-
-class Expired(ApiError):
-    """410 Gone / Expired: a watch (or a LIST's continue token) asked for a resourceVersion older than the
-    server's event window; only a new LIST can say what changed since."""
-
-
-class Unanswered(ApiError):
-    """A request that was sent but whose answer was lost (``status`` 0: connection reset, server disconnected,
-    timeout; or a 5xx whose body is no Kubernetes Status, from a proxy or a dying server): the server may have
-    served it. A write failing so is neither done nor refused until a read says which (the issue "nothing lost
-    when the API server drops an answer")."""
-
-
-class Fenced(ApiError):
-    """A write not sent because its guard (this replica's leadership) was gone just before sending."""
-
-    def __init__(self, message: str = "this replica does not hold the leader Lease") -> None:
-        super().__init__(0, "NotLeader", message)
-
-
-Guard = Callable[[], bool]
-"""Asked in the worker thread right before a request is sent; False abandons it (:class:`Fenced`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Resource:
-    """An API resource: group ('' for core), version, plural, and whether it is namespaced."""
-
-    group: str
-    version: str
-    plural: str
-    namespaced: bool = True
-
-    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
-        """The URL path of the collection, an object, or its subresource."""
-        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{name}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-
-@dataclass(frozen=True, slots=True)
-class Listed:
-    """A whole LIST (every page): the objects, and the collection's resourceVersion at that moment, from which a
-    watch sees every later change."""
-
-    items: list[dict[str, Any]]
-    resource_version: str
-
-
-GPUTASKS = Resource("gputask.io", "v1alpha1", "gputasks")
-GPUCLUSTERQUEUES = Resource("gputask.io", "v1alpha1", "gpuclusterqueues", namespaced=False)
-GPULOCALQUEUES = Resource("gputask.io", "v1alpha1", "gpulocalqueues")
-GPURESOURCEFLAVORS = Resource("gputask.io", "v1alpha1", "gpuresourceflavors", namespaced=False)
-GPUNODES = Resource("gputask.io", "v1alpha1", "gpunodes", namespaced=False)
-JOBS = Resource("batch", "v1", "jobs")
-EVENTS = Resource("", "v1", "events")
-NODES = Resource("", "v1", "nodes", namespaced=False)
-NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
-PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False)
-LEASES = Resource("coordination.k8s.io", "v1", "leases")
-WORKLOADPRIORITYCLASSES = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False)
-PODS = Resource("", "v1", "pods")
-CONFIGMAPS = Resource("", "v1", "configmaps")
-WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads")
-LOCALQUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues")
-ADMISSIONCHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", namespaced=False)
-RUNTIMECLASSES = Resource("node.k8s.io", "v1", "runtimeclasses", namespaced=False)
-# Dynamic Resource Allocation: written at ``v1`` here; :func:`at_version` gives v1beta1 (Kubernetes 1.32 and 1.33).
-DEVICECLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", namespaced=False)
-RESOURCECLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims")
-RESOURCECLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates")
-
-
-def at_version(res: Resource, version: str) -> Resource:
-    """The same resource at another version of its group."""
-    return Resource(res.group, version, res.plural, res.namespaced)
-
-
-def load_api_client(
-    kubeconfig: str | None = None,
-    *,
-    user_agent: str = "gputask-operator",
-    pool_size: int = 16,
-    context: str | None = None,
-    retries: int | None = None,
-) -> k8s_client.ApiClient:
-    """An ApiClient from ``kubeconfig``, else the in-cluster config, else ~/.kube/config (``$KUBECONFIG``).
-
-    ``context`` names a kubeconfig context (default: its current-context; given, the in-cluster config is
-    not tried). ``pool_size`` bounds the connections of the ``kubernetes`` client's own pool (its generated API
-    classes; :class:`KubeClient` opens its own, ``workers`` of them); ``retries`` how often a connection that
-    cannot be opened is tried again (None: 3).
-    Raises ``kubernetes.config.ConfigException`` for a missing file or context.
-    """
-    configuration = k8s_client.Configuration()
-    if kubeconfig:
-        if not os.path.isfile(os.path.expanduser(kubeconfig)):
-            raise k8s_config.ConfigException(f"kubeconfig {kubeconfig}: no such file")
-        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    elif context:
-        k8s_config.load_kube_config(context=context, client_configuration=configuration)
-    else:
-        try:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        except k8s_config.ConfigException:
-            k8s_config.load_kube_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = pool_size
-    if retries is not None:
-        configuration.retries = retries
-    api = k8s_client.ApiClient(configuration)
-    api.user_agent = f"{user_agent}/{__version__}"
-    return api
 
 
 class KubeApi(Protocol):
@@ -583,54 +456,6 @@ class KubeClient:
         await asyncio.to_thread(self._api.close)
 
 
-def _retries(configured: Any) -> int:
-    """Connection attempts to repeat: ``configuration.retries`` (an int, or urllib3's Retry with ``total``), 3 when
-    unset (urllib3's default)."""
-    if configured is None:
-        return 3
-    total = getattr(configured, "total", configured)
-    return max(0, int(total)) if isinstance(total, int) and not isinstance(total, bool) else 0
-
-
-def _ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext | bool:
-    """TLS as the configuration says: its CA (file or data), its client certificate, hostname checking unless
-    ``assert_hostname`` is False; False (no verification) with ``verify_ssl`` off."""
-    if not configuration.verify_ssl:
-        return False
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None,
-                                         cadata=_text(getattr(configuration, "ca_cert_data", None)))
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
-    if configuration.assert_hostname is False:
-        context.check_hostname = False
-    return context
-
-
-def _text(data: str | bytes | None) -> str | None:
-    return data.decode() if isinstance(data, bytes) else data
-
-
-def _proxy(configuration: k8s_client.Configuration) -> dict[str, Any]:
-    """aiohttp's per-request proxy and TLS server name arguments from the configuration (an HTTP(S) proxy unless
-    ``no_proxy`` covers the server). Raises ValueError for a SOCKS proxy, which aiohttp does not speak."""
-    extra: dict[str, Any] = {}
-    name = getattr(configuration, "tls_server_name", None) or (
-        configuration.assert_hostname if isinstance(configuration.assert_hostname, str) else None)
-    if name:
-        extra["server_hostname"] = name
-    proxy = configuration.proxy
-    if proxy and not should_bypass_proxies(configuration.host, configuration.no_proxy or ""):
-        if not proxy.startswith(("http://", "https://")):
-            raise ValueError(f"proxy {proxy}: only HTTP(S) proxies are supported")
-        extra["proxy"] = proxy
-        if configuration.proxy_headers:
-            extra["proxy_headers"] = dict(configuration.proxy_headers)
-    return extra
-
-
-# What client-go makes of an error answer whose body is no Kubernetes Status (a load balancer's HTML page, the
-# max-in-flight/APF filter's text/plain 429): a reason and message by code, as NewGenericServerResponse does
-# (k8s.io/apimachinery/pkg/api/errors/errors.go); here the start of the body follows the message.
 GENERIC_REASONS: dict[int, tuple[str, str]] = {
     400: ("BadRequest", "the server rejected our request for an unknown reason"),
     401: ("Unauthorized", "the server has asked for the client to provide credentials"),
@@ -647,13 +472,6 @@ GENERIC_REASONS: dict[int, tuple[str, str]] = {
     504: ("Timeout", "the server was unable to return a response in the time allotted, but may still be processing "
                     "the request"),
 }
-
-
-def doubling_backoff_s(failures: int, base_s: float, max_s: float) -> float:
-    """Seconds to wait after the ``failures``-th failure in a row: ``base_s`` doubling with each, at most ``max_s``
-    (the one backoff of the operator's retries: connections, watches, status writes, Job creates and deletes,
-    relabels)."""
-    return float(min(max_s, base_s * 2.0 ** max(0, failures - 1)))
 
 
 def _throttle_wait_s(status: int, retry_after: str | None) -> float | None:
@@ -717,3 +535,43 @@ def _error(status: int, http_reason: str, body: Any, method: str, retry_after: s
         # (its timeout filter answers while the handler goes on and may still commit): it may have been served
         return Unanswered(status, reason, message, retry_after_s=wait, causes=causes)
     return ApiError(status, reason, message, retry_after_s=wait, causes=causes)
+
+
+__all__ = [
+    "Guard",
+    "ADMISSIONCHECKS",
+    "AlreadyExists",
+    "ApiError",
+    "CONFIGMAPS",
+    "Conflict",
+    "DEVICECLASSES",
+    "EVENTS",
+    "Expired",
+    "Fenced",
+    "GPUCLUSTERQUEUES",
+    "GPULOCALQUEUES",
+    "GPUNODES",
+    "GPURESOURCEFLAVORS",
+    "GPUTASKS",
+    "JOBS",
+    "KubeApi",
+    "KubeClient",
+    "LEASES",
+    "LOCALQUEUES",
+    "Listed",
+    "NAMESPACES",
+    "NODES",
+    "NotFound",
+    "PODS",
+    "PRIORITYCLASSES",
+    "RESOURCECLAIMS",
+    "RESOURCECLAIMTEMPLATES",
+    "RUNTIMECLASSES",
+    "Resource",
+    "Unanswered",
+    "WORKLOADPRIORITYCLASSES",
+    "WORKLOADS",
+    "at_version",
+    "doubling_backoff_s",
+    "load_api_client",
+]

@@ -33,6 +33,7 @@ from typing import Any
 from gputask.core import Admit, Decision, Pending, Placement
 from gputask.core.budget import GPU_MEMORY_EXCEEDED
 from gputask.core.scheduler import Evict, Fail
+from gputask.k8s import records
 from gputask.k8s.client import (
     EVENTS,
     GPUNODES,
@@ -44,14 +45,17 @@ from gputask.k8s.client import (
     Unanswered,
     doubling_backoff_s,
 )
-from gputask.k8s.controller import PLACEMENT_CONFLICT, SYSTEM_DISRUPTIONS, Controller, JobRecord, Report, job_record
-from gputask.k8s.jobs import build_job
+from gputask.k8s.controller import Controller
+from gputask.k8s.jobrecords import SYSTEM_DISRUPTIONS, JobRecord, job_record
 from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
 from gputask.k8s.pinner import PINNING_UNAVAILABLE, Pinner
 from gputask.k8s.pinning import Pinning
 from gputask.k8s.queue_status import QueueUpkeep
+from gputask.k8s.records import PLACEMENT_CONFLICT
 from gputask.k8s.relabel import JobFeed, Relabeler
+from gputask.k8s.reports import Report, ReportKind
 from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe, set_condition
+from gputask.k8s.workload import workload_of
 from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
 
@@ -179,19 +183,18 @@ class Executor:
             scheduler.finish(key)
             return
         if record.revision is not None and record.revision[0] is (decision.task.unflavored or decision.task):
-            record.task, record.generation = record.revision  # admitted as edited: the status says so
-            record.revision = None
+            records.take_revision(record)  # admitted as edited: the status says so
         attempt = record.attempt + 1
-        record.conditions.pop(GPU_MEMORY_WITHIN_BUDGET, None)  # judged anew for the new placement
+        records.drop_condition(record, GPU_MEMORY_WITHIN_BUDGET)  # judged anew for the new placement
         flavor = scheduler.flavors.get(decision.task.flavor) if decision.task.flavor else None
         unpinnable = await self.pinner.refusal(decision.placement)
         if unpinnable is not None:
             await self._rejected(record, unpinnable, PINNING_UNAVAILABLE)
             return
         try:
-            job = build_job(record.obj, decision.placement, attempt=attempt, queue=decision.task.queue,
-                            flavor=decision.task.flavor, tolerations=flavor.tolerations if flavor else (),
-                            pinning=self.pinning, request=decision.task.request)
+            job = workload_of(record).job_for(
+                decision.placement, attempt=attempt, queue=decision.task.queue, flavor=decision.task.flavor,
+                tolerations=flavor.tolerations if flavor else (), pinning=self.pinning, request=decision.task.request)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # conversion should have refused it
             log.error("building the Job of %s failed: %r", key, exc)
             await self._rejected(record, f"the pod template cannot be made into a Job: {exc!r}")
@@ -215,14 +218,14 @@ class Executor:
         """POST the Job of an admission: created (recorded), 409 (adopted), refused (backed off), fenced
         (requeued), or unanswered (the booking kept until :meth:`confirm_creates` finds out)."""
         job, name = sent.job, sent.job["metadata"]["name"]
-        record.creating = name
+        records.creating(record, name)
         try:
             await self.writer.create(JOBS, job, record.namespace)
         except AlreadyExists:
             await self._adopt(record, sent)
             return
         except Fenced:
-            record.creating = None
+            records.creating(record, None)
             self.controller.scheduler.requeue(record.key)  # not leading any more: the next leader decides
             return
         except Unanswered as exc:
@@ -231,7 +234,7 @@ class Executor:
             self._unconfirmed(record, sent)
             return
         except ApiError as exc:
-            record.creating = None
+            records.creating(record, None)
             await self.pinner.job_deleted(record.namespace, name)  # its ResourceClaimTemplate, made just before
             await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
             return
@@ -245,15 +248,15 @@ class Executor:
         in_flavor = f" (flavor {decision.task.flavor})" if decision.task.flavor else ""
         message = f"Admitted by GPUClusterQueue {decision.task.queue!r}{in_flavor} on {describe(placement)}"
         quota = f"quota reserved in {decision.task.queue!r}{in_flavor}"
-        record.attempt, record.flavor, record.creating = attempt, decision.task.flavor, None
-        self.controller.started(record, time.time())
+        records.created(record, attempt=attempt, flavor=decision.task.flavor)
+        self.controller.pods.started(record, time.time())
         await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
                                         message=message)
-        self.controller.admitted_with(record)  # its pod may have started while the create's answer was awaited
+        self.controller.pods.admitted_with(record)  # its pod may have started while the create's answer was awaited
 
     def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
         """Keep the booking of a create whose outcome is unknown; look the Job up after the next backoff step."""
-        record.creating = sent.job["metadata"]["name"]
+        records.creating(record, sent.job["metadata"]["name"])
         sent.retry_at = time.monotonic() + doubling_backoff_s(sent.failures, CONFIRM_RETRY_S, CONFIRM_RETRY_MAX_S)
         self.creating[record.key] = sent
 
@@ -298,7 +301,7 @@ class Executor:
         of that name (deleted, not yet garbage-collected) requeues the task. ``job``: the Job as known (None: GET
         it; a GET that fails leaves the create unconfirmed, looked up again later)."""
         meta, scheduler = sent.job["metadata"], self.controller.scheduler
-        record.creating = None
+        records.creating(record, None)
         if job is None:
             try:
                 job = job_record(await self.writer.client.get(JOBS, meta["name"], meta["namespace"]))
@@ -317,12 +320,12 @@ class Executor:
         self.controller.adopting(job)
         if job.outcome is not None:  # it ran to its end while nobody knew: the task's end, never run again
             scheduler.finish(record.key)
-            record.job_name, record.attempt, record.placement = job.name, job.attempt, None
+            records.ended_unseen(record, job.name, job.attempt)
             await self.transitions.finished(record, job.outcome, job.why)
             return
         if job.terminating:  # being deleted: held until it is gone; the next admission makes a Job of another name
             scheduler.requeue(record.key)
-            record.attempt = max(record.attempt, job.attempt)
+            records.with_job(record, record.job_name, job.attempt)
             self.controller.hold(job)
             return
         entry = scheduler.ledger.get(record.key)
@@ -346,7 +349,7 @@ class Executor:
         scheduler = self.controller.scheduler
         scheduler.requeue(record.key)  # the restored booking over-commits: released at once, the task queued again
         self.controller.hold(job, fit=True)
-        record.job_name, record.attempt = job.name, job.attempt
+        records.with_job(record, job.name, job.attempt)
         message = (f"Job {job.name} exists on {describe(job.placement)}, which was booked for other tasks while its "
                    "create went unanswered (a GPU would be over its memory): the Job is deleted and the task requeued")
         self.metrics.evictions.labels(PLACEMENT_CONFLICT).inc()
@@ -356,14 +359,11 @@ class Executor:
 
     async def _rejected(self, record: TaskRecord, why: str, reason: str = JOB_REJECTED) -> None:
         """Give the task back to the core, held back for the next backoff step, and say why (``reason``)."""
-        scheduler, backoff = self.controller.scheduler, record.backoff
-        if backoff.generation != record.generation:
-            backoff.failures = 0
-        backoff.failures += 1
-        backoff.generation = record.generation
-        delay = backoff_s(backoff.failures)
-        backoff.retry_at = time.monotonic() + delay
-        message = f"{why}; retried in {delay:g}s (attempt {backoff.failures})"
+        scheduler = self.controller.scheduler
+        failures = records.failed_again(record, per_spec=True)
+        delay = backoff_s(failures)
+        records.retry_at(record, time.monotonic() + delay)
+        message = f"{why}; retried in {delay:g}s (attempt {failures})"
         scheduler.requeue(record.key)
         scheduler.defer(record.key, time.time() + delay, reason, message)
         log.warning("task %s: %s", record.key, message)
@@ -391,23 +391,23 @@ class Executor:
         if decision.reason == "Preempted":
             self.metrics.preemptions.labels(decision.task.queue).inc()
         if decision.reason in FAILURE_REASONS:
-            record.reschedules += 1
+            records.rescheduled(record)
             self.metrics.reschedules.inc()
         await self.transitions.evicted(record, decision.reason, decision.message)
         if record.revision_error is not None and key not in self.controller.scheduler.pending:
-            record.invalid, record.revision_error = record.revision_error, None  # its edited spec can never run
+            records.revision_invalid(record)  # its edited spec can never run
             await self.transitions.invalid(record)
         if job is not None:
-            propagation = "Foreground" if decision.reason == "Preempted" else "Background"
+            propagation = workload_of(record).stop_propagation(decision.reason)
             self.deletions[job.key] = Deletion(job, propagation)
             await self.delete(job.key)
 
     def _current_job(self, record: TaskRecord) -> JobRecord | None:
         if record.job_name is None and record.creating is not None:  # evicted before its create was confirmed
             sent = self.creating.pop(record.key, None)
-            name, record.creating = record.creating, None
             attempt = sent.attempt if sent is not None else record.attempt + 1
-            record.attempt = max(record.attempt, attempt)  # the next admission makes a Job of another name
+            name = records.create_abandoned(record, attempt)  # the next admission makes a Job of another name
+            assert name is not None
             placement = sent.decision.placement if sent is not None else None
             return self.controller.jobs.get(f"{record.namespace}/{name}") or JobRecord(
                 name, record.namespace, record.uid, attempt, placement)
@@ -439,13 +439,11 @@ class Executor:
             details = f"FailedCreate: {last.get('message')}"
         return f"no pod of Job {record.job_name} running {timeout:g}s after admission: {details or 'no pod seen'}"
 
-    async def pods_not_starting(self, records: list[TaskRecord]) -> None:
+    async def pods_not_starting(self, overdue: list[TaskRecord]) -> None:
         """Evict tasks past their pod-start deadline, with the reason; they are retried after a backoff."""
-        for record in records:
+        for record in overdue:
             message = await self.start_problem(record)
-            backoff = record.backoff
-            backoff.failures += 1
-            delay = backoff_s(backoff.failures)
+            delay = backoff_s(records.failed_again(record, per_spec=False))
             log.warning("task %s: %s; evicted, retried in %gs", record.key, message, delay)
             self.controller.pods_not_starting(record, message, time.time() + delay)
 
@@ -494,31 +492,31 @@ class Executor:
         """Publish what the controller queued: invalid specs, waits, finished Jobs, running pods."""
         for report in reports:
             record, t = report.record, self.transitions
-            if report.kind == "invalid" and record.invalid is not None:
+            if report.kind == ReportKind.INVALID and record.invalid is not None:
                 await t.invalid(record)
-            elif report.kind == "blocked" and record.blocked is not None:
+            elif report.kind == ReportKind.BLOCKED and record.blocked is not None:
                 await t.blocked(record, *record.blocked)
-            elif report.kind == "spec-ignored" and record.phase in PLACED_PHASES:
+            elif report.kind == ReportKind.SPEC_IGNORED and record.phase in PLACED_PHASES:
                 message = (f"spec changed while Job {record.job_name} runs: it applies at the task's next admission "
                            "(after an eviction); delete and re-create the GPUTask to apply it now")
                 await t.note(record, "Warning", "SpecChangeIgnored", message)
-            elif report.kind == "deprecated-queue" and record.phase == PENDING:
+            elif report.kind == ReportKind.DEPRECATED_QUEUE and record.phase == PENDING:
                 message = deprecation_message(record.namespace, report.detail)
                 await t.note(record, "Warning", DEPRECATED_QUEUE_NAME, message)
-            elif report.kind == "finished":
+            elif report.kind == ReportKind.FINISHED:
                 job = self.controller.jobs.get(f"{record.namespace}/{record.job_name}")
                 await t.finished(record, report.detail, job.why if job is not None else "")
-            elif report.kind == "running" and record.phase == ADMITTED:
+            elif report.kind == ReportKind.RUNNING and record.phase == ADMITTED:
                 await t.running(record, report.detail)
-            elif report.kind == "restored":
+            elif report.kind == ReportKind.RESTORED:
                 await t.publish(record, report.detail)
-            elif report.kind == "delete-job":
+            elif report.kind == ReportKind.DELETE_JOB:
                 await self.delete_job(record)
-            elif report.kind in ("gpus-held", "gpus-released"):
-                await t.gpus_held(record, report.detail, held=report.kind == "gpus-held")
-            elif report.kind in ("over-budget", "within-budget") and record.phase in PLACED_PHASES:
-                await self.memory_budget(record, report.kind == "within-budget", report.detail)
-            elif report.kind == "stray-job" and report.detail in self.controller.jobs:
+            elif report.kind in (ReportKind.GPUS_HELD, ReportKind.GPUS_RELEASED):
+                await t.gpus_held(record, report.detail, held=report.kind == ReportKind.GPUS_HELD)
+            elif report.kind in (ReportKind.OVER_BUDGET, ReportKind.WITHIN_BUDGET) and record.phase in PLACED_PHASES:
+                await self.memory_budget(record, report.kind == ReportKind.WITHIN_BUDGET, report.detail)
+            elif report.kind == ReportKind.STRAY_JOB and report.detail in self.controller.jobs:
                 job = self.controller.jobs[report.detail]
                 self.metrics.strays.inc()
                 self.deletions[job.key] = Deletion(job, "Background")

@@ -42,7 +42,7 @@ from gputask.k8s.client import (
     NotFound,
     Resource,
 )
-from gputask.k8s.controller import Controller, Report
+from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
 from gputask.k8s.feeds import Feed, ForeignPodFeed, JobFeed, KindFeed, TaskFeed, TaskPodFeed, job_key
 from gputask.k8s.foreign import FINISHED_POD_PHASES, FOREIGN_PODS
@@ -52,6 +52,7 @@ from gputask.k8s.kueue import KueueSupport
 from gputask.k8s.leader import LeaderElector
 from gputask.k8s.loop import SchedulingLoop
 from gputask.k8s.relabel import labelled, ours
+from gputask.k8s.reports import Report, ReportKind
 from gputask.k8s.tasks import PLACED_PHASES
 from gputask.k8s.writer import Writer
 from gputask.metrics import OperatorMetrics
@@ -321,7 +322,7 @@ class Operator:
         if deleted or meta.get("deletionTimestamp"):
             record = self.controller.on_task_deleted(obj)
             if record is not None and record.job_name and record.phase in PLACED_PHASES:
-                self.controller.outbox.append(Report("delete-job", record))
+                self.controller.outbox.append(Report(ReportKind.DELETE_JOB, record))
         elif self.controller.is_echo(obj):
             return None
         else:

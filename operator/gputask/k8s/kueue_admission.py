@@ -36,10 +36,10 @@ from typing import Any
 
 from gputask.core import OverCommitError, Placement, TaskKey
 from gputask.core.reasons import explain
+from gputask.k8s import records
 from gputask.k8s.client import ADMISSIONCHECKS, JOBS, WORKLOADS, AlreadyExists, ApiError, Conflict, KubeApi, NotFound
 from gputask.k8s.controller import Controller
 from gputask.k8s.executor import Executor
-from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.kueue_api import (
     CHECK_NAME,
     CHECK_PENDING,
@@ -48,7 +48,6 @@ from gputask.k8s.kueue_api import (
     CONTROLLER_NAME,
     HOSTNAME_LABEL,
     admission_check,
-    build_kueue_job,
     check_answer,
     check_state,
     condition,
@@ -61,6 +60,7 @@ from gputask.k8s.kueue_api import (
     workload_key,
 )
 from gputask.k8s.tasks import ADMITTED, FINISHED_PHASES, PLACED_PHASES, RUNNING, TaskRecord, describe
+from gputask.k8s.workload import owner_uid, workload_of
 from gputask.k8s.writer import now_rfc3339
 
 log = logging.getLogger("gputask.kueue")
@@ -109,7 +109,7 @@ class KueueAdmission:
     def on_job(self, obj: Mapping[str, Any]) -> None:
         """One of our Jobs changed: its task and the Workloads it owns are due (an answer may have waited for it)."""
         meta = obj.get("metadata") or {}
-        record = self.controller.record_by_uid(str((meta.get("annotations") or {}).get(TASK_UID_ANNOTATION)))
+        record = self.controller.record_by_uid(str(owner_uid(obj)))
         if record is not None:
             self.due_tasks.add(record.key)
         self.due_workloads |= self._of_job.get(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", set())
@@ -125,12 +125,12 @@ class KueueAdmission:
             record = self._record_of(wl)
             if placement is None or record is None or record.task is None or not quota_reserved(wl):
                 continue
-            if not self.controller.scheduler.cluster.has_node(placement.node):
+            if not all(map(self.controller.scheduler.cluster.has_node, placement.nodes)):
                 continue  # its node is gone: Kueue's node-failure handling evicts it
             self.controller.scheduler.restore(record.task, placement, time.time(), charge=False)
             self.held[key] = record.key
-            record.placement = placement
-            record.phase = RUNNING if (record.obj.get("status") or {}).get("phase") == RUNNING else ADMITTED
+            records.placed_again(record, placement, RUNNING if (record.obj.get("status") or {}).get("phase") == RUNNING
+                                 else ADMITTED)
         await self.register()
 
     # -- the AdmissionCheck -----------------------------------------------------------------------
@@ -221,15 +221,15 @@ class KueueAdmission:
         if job is None or job.terminating:
             job = controller.job_of(record)
         if job is not None:
-            record.job_name, record.attempt = job.name, max(record.attempt, job.attempt)
+            records.with_job(record, job.name, job.attempt)
             if job.outcome is not None:
                 async with self.gate:
                     controller.scheduler.finish(record.key)
                 await self.executor.transitions.finished(record, job.outcome)
             return True
         attempt = record.attempt + 1
-        body = build_kueue_job(record.obj, attempt=attempt, queue=record.task.queue, pinning=self.executor.pinning,
-                               request=record.task.request)
+        body = workload_of(record).suspended_job(attempt=attempt, queue=record.task.queue,
+                                                 pinning=self.executor.pinning, request=record.task.request)
         namespace = body["metadata"]["namespace"]
         try:
             created = await self.writer.create(JOBS, body, namespace)
@@ -240,7 +240,7 @@ class KueueAdmission:
             return False
         async with self.gate:
             controller.on_job(created)
-        record.attempt, record.job_name, record.placement = attempt, body["metadata"]["name"], None
+        records.kueue_job(record, body["metadata"]["name"], attempt)
         message = (
             f"Job {record.job_name} waits suspended until Kueue admits it through LocalQueue {record.task.queue!r}"
         )
@@ -293,8 +293,9 @@ class KueueAdmission:
         return sorted(w for job in jobs for w in self._of_job.get(job, set()) if self.held.get(w) == task)
 
     def _pod_set_update(self, wl: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
-        node = self.controller.inventory.nodes.get(placement.node) or {}
-        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL, placement.node)
+        pod = placement.only()  # a GPUTask's Job: one pod, one podSetUpdate
+        node = self.controller.inventory.nodes.get(pod.node) or {}
+        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL, pod.node)
         record = self._record_of(wl)
         request = record.task.request if record is not None and record.task is not None else None
         return {
@@ -337,7 +338,7 @@ class KueueAdmission:
         message = str(evicted.get("message") or f"Kueue released the quota of Workload {key}")
         job_name = record.job_name  # Kueue keeps the Job (suspended again): it stays the task's
         await self.executor.transitions.evicted(record, reason, message)
-        record.job_name = job_name
+        records.with_job(record, job_name, record.attempt)
 
     async def _write(self, key: str, wl: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
         """Write our admissionChecks entry (optimistic concurrency); the stored Workload, or None."""

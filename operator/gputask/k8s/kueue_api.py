@@ -28,7 +28,7 @@ from gputask.k8s.pinning import (
     set_env,
     visible_devices,
 )
-from gputask.k8s.writer import now_rfc3339
+from gputask.k8s.timestamps import now_rfc3339
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 CHECK_NAME = "gputask-placement"
@@ -82,7 +82,7 @@ def build_kueue_job(
 def pod_set_annotations(placement: Placement, pinning: Pinning, request: GpuRequest | None = None) -> dict[str, str]:
     """The annotations a podSetUpdate gives the pods of a placed Job: the placement, the devices (envvar: for
     ``NVIDIA_VISIBLE_DEVICES``; cdi: the CDI annotation itself) and the memory budget of a shared request."""
-    uuids = [g.uuid for g in placement.gpus]
+    uuids = [g.uuid for g in placement.only().gpus]
     out = {PLACEMENT_ANNOTATION: placement_annotation(placement)}
     if pinning.mode == "cdi":
         out.update(cdi_annotation(uuids))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from gputask.core import TaskKey
 
 if TYPE_CHECKING:  # the controller imports this module
-    from gputask.k8s.controller import JobRecord
+    from gputask.k8s.jobrecords import JobRecord
 
 HELD_NOTE = re.compile(r"; GPUs on node \S+ held until pods? .+ (?:is|are) gone$")
 """What :func:`held_note` adds at the end of a condition's message (to take it off again)."""
@@ -90,7 +90,7 @@ class PodsOfJobs:
         pods = self.waiting_on(gone.job.key)
         if gone.hold is None or gone.job.placement is None or not pods:
             return None
-        return held_note(gone.job.placement.node, pods)
+        return held_note(", ".join(gone.job.placement.nodes), pods)
 
 
 __all__ = ["HELD_NOTE", "GoneJob", "PodsOfJobs", "held_note"]

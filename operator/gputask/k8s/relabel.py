@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputask.k8s.client import JOBS, ApiError, Fenced, NotFound, doubling_backoff_s
-from gputask.k8s.controller import Controller, JobRecord
+from gputask.k8s.controller import Controller
+from gputask.k8s.jobrecords import JobRecord
 from gputask.k8s.jobs import TASK_LABEL, TASK_UID_ANNOTATION
 from gputask.k8s.names import fit_name
 from gputask.k8s.writer import Writer

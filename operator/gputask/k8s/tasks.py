@@ -1,57 +1,51 @@
-"""What the operator knows of each GPUTask, and the one owner of its state transitions.
+"""Task transitions: each sets the record (through :mod:`gputask.k8s.records`, the one module that changes
+records), then writes the status and posts the Event in one call.
 
-:class:`TaskRecord` is the operator's view of one GPUTask. Its ``phase`` and conditions change
-only through :class:`Transitions`: each transition sets them (before any ``await``, so a watch
-event handled meanwhile sees the new state), then writes the status and posts the Event in one
-call. The phases (DESIGN.md section 2):
-
-- ``Pending``: waiting to be admitted; the ``Admitted`` condition's reason says why;
-- ``Admitted``: placed, quota reserved, its Job created, no pod of it running yet;
-- ``Running``: a pod of its Job is running (the pod's phase, not ``Job.status.active``,
-  which also counts pods still Pending);
-- ``Succeeded`` / ``Failed``: its Job completed or failed, or it failed for good (invalid spec,
-  too many reschedules).
+A transition changes the record before any ``await``, so a watch event handled meanwhile sees the new state.
+The record's phases are described in :mod:`gputask.k8s.records`; its names are re-exported here.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gputask.core import MILLI_PER_GPU, Placement, Task, TaskKey
-from gputask.k8s.client import GPUTASKS, ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
+from gputask.core import MILLI_PER_GPU, Placement, TaskKey
+from gputask.k8s import records
+from gputask.k8s.client import ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
 from gputask.k8s.lingering import HELD_NOTE
-from gputask.k8s.writer import Writer, now_rfc3339
+from gputask.k8s.records import (
+    ADMITTED,
+    FAILED,
+    FINISHED_PHASES,
+    JOB_FAILED,
+    MAX_CONDITION_MESSAGE,
+    PENDING,
+    PLACED_PHASES,
+    POSITION_SUFFIX,
+    REQUEUE_CONDITIONS,
+    RUNNING,
+    SUCCEEDED,
+    Backoff,
+    TaskRecord,
+    position_text,
+    reset_requeue_conditions,
+    set_condition,
+)
+from gputask.k8s.workload import workload_of
+from gputask.k8s.writer import Writer
 
 log = logging.getLogger("gputask.tasks")
 
-PENDING, ADMITTED, RUNNING, SUCCEEDED, FAILED = "Pending", "Admitted", "Running", "Succeeded", "Failed"
-FINISHED_PHASES = (SUCCEEDED, FAILED)
-PLACED_PHASES = (ADMITTED, RUNNING)
-JOB_FAILED = "JobFailed"  # the Admitted condition's reason once its Job failed (kubectl get gt: REASON)
 CONFLICT_RETRIES = 5
 STATUS_RETRY_S = 1.0  # a refused status write is tried again after 1 s, doubling ...
 STATUS_RETRY_MAX_S = 60.0  # ... up to a minute
 MAX_KEPT_EVENTS = 8  # Events kept with an unwritten status, posted once it is written
 WRITTEN, REFUSED, GONE = "written", "refused", "gone"
-API_VERSION = "gputask.io/v1alpha1"
-MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's message maxLength
-REQUEUE_CONDITIONS = ("Evicted", "Requeued")  # True from an eviction until the next quota reservation
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Retries of a task whose Job the API server refused: ``failures`` so far, next try at ``retry_at``
-    (monotonic seconds), for the spec of ``generation`` (a new spec starts over)."""
-
-    failures: int = 0
-    retry_at: float = 0.0
-    generation: int = 0
 
 
 @dataclass(slots=True)
@@ -66,84 +60,14 @@ class Unwritten:
     retry_at: float
 
 
-@dataclass(slots=True)
-class TaskRecord:
-    """What the operator knows of one GPUTask (by ``namespace/name``).
-
-    ``task`` is the core Task converted from the spec of ``generation``; ``invalid`` a reason and
-    message that make it Failed (a spec that can never run); ``blocked`` one that keeps it Pending
-    outside any queue until something changes (a PriorityClass not created yet).
-    """
-
-    key: TaskKey
-    uid: str
-    obj: dict[str, Any]
-    task: Task | None = None
-    generation: int = 0
-    phase: str = PENDING
-    attempt: int = 0
-    job_name: str | None = None
-    placement: Placement | None = None
-    admitted_at: str | None = None
-    invalid: tuple[str, str] | None = None
-    blocked: tuple[str, str] | None = None
-    deleting: bool = False
-    reschedules: int = 0
-    queue_position: int | None = None
-    last_wait: tuple[str, str] | None = None
-    backoff: Backoff = field(default_factory=Backoff)
-    revision: tuple[Task, int] | None = None  # the spec edited while placed: applies at the next admission
-    revision_error: tuple[str, str] | None = None  # that edit is invalid: the task fails when requeued
-    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    flavor: str = ""  # the ResourceFlavor of its current admission ("" for a queue without resourceGroups)
-    whole_at: str | None = None  # the resourceVersion at which ``obj`` is the whole stored object (None: unsure)
-    creating: str | None = None  # the Job being created (sent, not yet known to exist): its GPUs stay booked
-
-    @property
-    def namespace(self) -> str:
-        """The task's namespace."""
-        return str(self.obj["metadata"].get("namespace") or "default")
-
-    @property
-    def name(self) -> str:
-        """The task's name."""
-        return str(self.obj["metadata"]["name"])
-
-    def involved(self) -> dict[str, Any]:
-        """The ``involvedObject`` of an Event about this task."""
-        meta = self.obj["metadata"]
-        return {
-            "apiVersion": API_VERSION,
-            "kind": "GPUTask",
-            "name": meta["name"],
-            "namespace": self.namespace,
-            "uid": meta.get("uid"),
-        }
-
-
-def set_condition(record: TaskRecord, ctype: str, status: bool, reason: str, message: str) -> None:
-    """Set a metav1.Condition, moving lastTransitionTime only when its status flips; ``observedGeneration``
-    is the generation of the spec the decision was made for."""
-    value = "True" if status else "False"
-    old = record.conditions.get(ctype)
-    changed = old is None or old.get("status") != value
-    record.conditions[ctype] = {
-        "type": ctype,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now_rfc3339() if changed else old["lastTransitionTime"],
-        "observedGeneration": record.generation or record.obj["metadata"].get("generation", 1),
-    }
-
-
 def placement_status(placement: Placement | None) -> dict[str, Any] | None:
-    """The ``status.placement`` object of a placement."""
+    """The ``status.placement`` object of a GPUTask's placement (one pod)."""
     if placement is None:
         return None
+    pod = placement.only()
     return {
-        "node": placement.node,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in placement.gpus],
+        "node": pod.node,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in pod.gpus],
     }
 
 
@@ -155,7 +79,8 @@ def mib_quantity(mib: int) -> str:
 def memory_text(record: TaskRecord) -> str | None:
     """``status.gpuMemory``: MiB reserved on each GPU once placed, else what the task asks."""
     if record.placement is not None:
-        return "/".join(dict.fromkeys(mib_quantity(g.memory_mib) for g in record.placement.gpus))
+        slots = (g for pod in record.placement.pods for g in pod.gpus)
+        return "/".join(dict.fromkeys(mib_quantity(g.memory_mib) for g in slots))
     if record.task is None:
         return None
     request = record.task.request
@@ -167,10 +92,11 @@ def memory_text(record: TaskRecord) -> str | None:
 
 
 def describe(placement: Placement) -> str:
-    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary."""
-    mib = sorted({g.memory_mib for g in placement.gpus})
+    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary of a GPUTask's placement (one pod)."""
+    pod = placement.only()
+    mib = sorted({g.memory_mib for g in pod.gpus})
     each = f"{mib[0]} MiB each" if len(mib) == 1 else f"{mib} MiB"
-    return f"{placement.node} GPUs {list(placement.indices)} ({each})"
+    return f"{pod.node} GPUs {list(pod.indices)} ({each})"
 
 
 class Transitions:
@@ -188,69 +114,42 @@ class Transitions:
         self, record: TaskRecord, placement: Placement, *, job_name: str | None, attempt: int, quota: str, message: str
     ) -> None:
         """Placed with quota reserved (``quota`` says by whom) and its Job created (or to come)."""
-        record.phase, record.placement, record.job_name, record.attempt = ADMITTED, placement, job_name, attempt
-        record.admitted_at, record.queue_position, record.last_wait = now_rfc3339(), None, None
-        record.backoff = Backoff()
-        set_condition(record, "QuotaReserved", True, "QuotaReserved", quota)
-        set_condition(record, "Admitted", True, "Admitted", message)
-        reset_requeue_conditions(record)
+        records.admitted(record, placement, job_name=job_name, attempt=attempt, quota=quota, message=message)
         await self.publish(record, message, ("Normal", "Admitted", message))
 
     async def running(self, record: TaskRecord, message: str) -> None:
         """A pod of its Job runs."""
-        record.phase = RUNNING
+        records.running(record)
         await self.publish(record, message)
 
     async def waiting(self, record: TaskRecord, reason: str, message: str, position: int | None = None) -> None:
         """Pending for ``reason``; the Event is posted only for a new reason, not a new position."""
-        queue = record.task.queue if record.task is not None else ""
-        where = "" if position is None else position_text(position, queue)
-        record.phase, record.queue_position = PENDING, position
-        set_condition(record, "QuotaReserved", False, reason, message + where)
-        set_condition(record, "Admitted", False, reason, message + where)
-        new = record.last_wait != (reason, message)
-        record.last_wait = (reason, message)
-        await self.publish(record, message + where, ("Normal", reason, message) if new else None)
+        said, new = records.waiting(record, reason, message, position)
+        await self.publish(record, said, ("Normal", reason, message) if new else None)
 
     async def evicted(self, record: TaskRecord, reason: str, message: str) -> None:
         """Evicted from its placement and requeued (the Job is being deleted)."""
-        record.phase, record.placement, record.job_name, record.admitted_at = PENDING, None, None, None
-        record.last_wait = None
-        set_condition(record, "Evicted", True, reason, message)
-        set_condition(record, "Requeued", True, reason, f"requeued after {reason}")
-        set_condition(record, "Admitted", False, reason, message)
-        set_condition(record, "QuotaReserved", False, reason, message)
+        records.evicted(record, reason, message)
         await self.publish(record, message, ("Warning", reason, message))
 
     async def rejected(self, record: TaskRecord, reason: str, message: str) -> None:
         """Its Job was refused (or could not start): Pending, with the API's words, until it is retried."""
-        record.phase, record.placement, record.job_name, record.admitted_at = PENDING, None, None, None
-        record.last_wait = (reason, message)
-        set_condition(record, "Admitted", False, reason, message)
-        set_condition(record, "QuotaReserved", False, reason, message)
+        records.rejected(record, reason, message)
         await self.publish(record, message, ("Warning", reason, message))
 
     async def blocked(self, record: TaskRecord, reason: str, message: str) -> None:
         """Pending outside any queue until something it names exists (e.g. PriorityClassNotFound)."""
-        record.phase, record.queue_position = PENDING, None
-        new = record.last_wait != (reason, message)
-        record.last_wait = (reason, message)
-        set_condition(record, "Admitted", False, reason, message)
+        new = records.blocked(record, reason, message)
         await self.publish(record, message, ("Warning", reason, message) if new else None)
 
     async def failed(self, record: TaskRecord, reason: str, message: str) -> None:
         """Failed for good (MaxReschedulesExceeded): it is no longer queued."""
-        record.phase, record.placement = FAILED, None
-        set_condition(record, "Finished", True, reason, message)
-        set_condition(record, "Requeued", False, reason, message)
+        records.failed(record, reason, message)
         await self.publish(record, message, ("Warning", reason, message))
 
     async def invalid(self, record: TaskRecord) -> None:
         """A spec that can never run: Failed with the reason, until the spec changes."""
-        assert record.invalid is not None
-        reason, message = record.invalid
-        record.phase, record.placement = FAILED, None
-        set_condition(record, "Admitted", False, reason, message)
+        reason, message = records.invalid(record)
         await self.publish(record, message, ("Warning", reason, message))
 
     async def finished(self, record: TaskRecord, outcome: str, why: str = "") -> None:
@@ -258,10 +157,7 @@ class Transitions:
         A failed task's Admitted condition turns False (reason JobFailed), so no column says Admitted any more."""
         message = f"Job {record.job_name} {'completed' if outcome == SUCCEEDED else 'failed'}"
         message += f" ({why})" if why else ""
-        record.phase = outcome
-        if outcome == FAILED:
-            set_condition(record, "Admitted", False, JOB_FAILED, message)
-        set_condition(record, "Finished", True, outcome, message)
+        records.finished(record, outcome, message)
         await self.publish(record, message, ("Normal" if outcome == SUCCEEDED else "Warning", outcome, message))
 
     async def gpus_held(self, record: TaskRecord, note: str, *, held: bool) -> None:
@@ -355,7 +251,8 @@ class Transitions:
             meta = record.obj["metadata"]
             body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
             try:
-                stored = await self.writer.patch(GPUTASKS, meta["name"], body, record.namespace, status=True)
+                stored = await self.writer.patch(workload_of(record).status_resource, meta["name"], body,
+                                                 record.namespace, status=True)
             except Conflict:
                 self.conflicts += 1
                 fresh = await self._refresh(record)
@@ -367,12 +264,7 @@ class Transitions:
             except ApiError as exc:
                 log.warning("status patch of %s failed: %s; tried again later", record.key, exc)
                 return REFUSED
-            sent = meta.get("resourceVersion")
-            meta["resourceVersion"] = (stored.get("metadata") or {}).get("resourceVersion", sent)
-            record.obj["status"] = stored.get("status", status)
-            # the write carried the version it changed (a conflict otherwise) and changes only the status: when
-            # obj was the whole object at that version, it is the whole object at the new one too
-            record.whole_at = meta["resourceVersion"] if sent is not None and record.whole_at == sent else None
+            records.status_written(record, stored, status, body["metadata"]["resourceVersion"])
             return WRITTEN
         log.warning("status patch of %s kept conflicting; tried again later", record.key)
         return REFUSED
@@ -381,36 +273,15 @@ class Transitions:
         """Re-read the GPUTask after a conflict: WRITTEN (read, write again), GONE (deleted, or another
         object now) or REFUSED (the read failed)."""
         try:
-            fresh = await self.writer.client.get(GPUTASKS, record.name, record.namespace)
+            fresh = await self.writer.client.get(workload_of(record).status_resource, record.name, record.namespace)
         except NotFound:
             return GONE
         except ApiError:
             return REFUSED
         if fresh["metadata"].get("uid") != record.uid:
             return GONE
-        # Only the resourceVersion: the spec and labels change through the watch, which compares them.
-        record.obj["metadata"]["resourceVersion"] = fresh["metadata"].get("resourceVersion")
+        records.version_read(record, fresh["metadata"].get("resourceVersion"))
         return WRITTEN
-
-
-def reset_requeue_conditions(record: TaskRecord) -> None:
-    """Quota reserved again: Evicted and Requeued, when True, turn False with reason QuotaReserved and the message
-    ``Previously: <their message>``, as Kueue resets Evicted (and Preempted) in ``workload.SetQuotaReservation``."""
-    for ctype in REQUEUE_CONDITIONS:
-        old = record.conditions.get(ctype)
-        if old is not None and old.get("status") == "True":
-            message = f"Previously: {old.get('message') or ''}"[:MAX_CONDITION_MESSAGE]
-            set_condition(record, ctype, False, "QuotaReserved", message)
-
-
-def position_text(position: int, queue: str) -> str:
-    """What a wait's message ends with: `` (position 3 in GPUClusterQueue 'q')`` (:data:`POSITION_SUFFIX` reads
-    it back)."""
-    return f" (position {position} in GPUClusterQueue {queue!r})"
-
-
-POSITION_SUFFIX = re.compile(r" \(position \d+ in GPUClusterQueue '[^']*'\)$")
-""":func:`position_text` at the end of a message (to take a stored wait's message back without it)."""
 
 
 def _same_status(stored: Any, wanted: Mapping[str, Any]) -> bool:
@@ -425,3 +296,24 @@ def status_behind(record: TaskRecord) -> bool:
     """True when the stored status does not yet say what the record knows (phase, Job name)."""
     status: Mapping[str, Any] = record.obj.get("status") or {}
     return status.get("jobName") != record.job_name or status.get("phase") != record.phase
+
+
+__all__ = [
+    "ADMITTED",
+    "FAILED",
+    "FINISHED_PHASES",
+    "JOB_FAILED",
+    "MAX_CONDITION_MESSAGE",
+    "PENDING",
+    "PLACED_PHASES",
+    "POSITION_SUFFIX",
+    "REQUEUE_CONDITIONS",
+    "RUNNING",
+    "SUCCEEDED",
+    "Backoff",
+    "TaskRecord",
+    "Transitions",
+    "position_text",
+    "reset_requeue_conditions",
+    "set_condition",
+]

@@ -10,20 +10,15 @@ means. Reads go to the client directly: they need no fence.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gputask.k8s.client import EVENTS, ApiError, Fenced, KubeApi, Resource
+from gputask.k8s.timestamps import now_rfc3339 as now_rfc3339  # re-exported: its home before timestamps.py
 from gputask.metrics import OperatorMetrics
 
 COMPONENT = "gputask-operator"
 EVENT_MESSAGE_LIMIT = 1024
-
-
-def now_rfc3339() -> str:
-    """Current UTC time as RFC 3339 with a Z suffix."""
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 class Writer:

@@ -1,0 +1,165 @@
+"""The workload interface: what the adapter asks of a workload it admits, in the shape of Kueue's ``GenericJob``
+(sigs.k8s.io/kueue pkg/controller/jobframework/interface.go: ``Object``, ``PodSets``, ``RunWithPodSetsInfo``,
+``Suspend``, ``Finished``, ``IsActive``).
+
+- what it is: :meth:`Workload.object` (the API object), :meth:`pod_sets` (today one PodSet of count 1, named
+  ``main``, from the pod template), :meth:`priority` and :meth:`queue_name` (from its converted core Task);
+- how a placement is applied: :meth:`job_for` (today: a new Job pinned to the node and GPUs, owned by the workload,
+  :func:`gputask.k8s.jobs.build_job`; an existing Job would be unsuspended and patched instead) and, in Kueue mode,
+  :meth:`suspended_job` (:func:`gputask.k8s.kueue_api.build_kueue_job`);
+- how it is stopped: :meth:`stop_propagation` (its Job deleted, Foreground for a preemption);
+- when it finished or failed: :meth:`finished` (the Job's Complete / Failed condition);
+- where its status goes: :attr:`status_resource` (a status patch of that resource by name and namespace) and
+  :meth:`involved` (the ``involvedObject`` of its Events); :func:`owner_uid` tells which workload a Job is of.
+
+:class:`GPUTaskWorkload` is its one implementation; :func:`workload_of` gives a record's. No I/O here: the
+transitions and the executor do the writes, and this module imports neither them nor the controller (an import
+contract, ``tests/unit/test_imports.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from gputask.core import GpuRequest, Placement
+from gputask.core.fit import Toleration
+from gputask.k8s.jobrecords import job_failure, job_outcome
+from gputask.k8s.jobs import TASK_UID_ANNOTATION, build_job
+from gputask.k8s.kueue_api import build_kueue_job
+from gputask.k8s.names import API_VERSION
+from gputask.k8s.pinning import ENVVAR, Pinning
+from gputask.k8s.records import TaskRecord
+from gputask.k8s.resources import GPUTASKS, Resource
+
+MAIN_POD_SET = "main"
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetInfo:
+    """One PodSet of a workload: its name, how many pods, and their pod template (a dict)."""
+
+    name: str
+    count: int
+    template: Mapping[str, Any]
+
+
+@runtime_checkable
+class Workload(Protocol):
+    """What the adapter reads of and does to a workload it admits (Kueue's GenericJob)."""
+
+    status_resource: Resource
+
+    def object(self) -> Mapping[str, Any]:
+        """The workload's API object as last seen."""
+        ...
+
+    def pod_sets(self) -> tuple[PodSetInfo, ...]:
+        """Its PodSets, in order."""
+        ...
+
+    def priority(self) -> int:
+        """Its priority (0 until its spec is converted)."""
+        ...
+
+    def queue_name(self) -> str:
+        """The queue it names."""
+        ...
+
+    def job_for(self, placement: Placement, *, attempt: int, queue: str, flavor: str = "",
+                tolerations: Iterable[Toleration] = (), pinning: Pinning = ENVVAR,
+                request: GpuRequest | None = None) -> dict[str, Any]:
+        """The Job that runs it on ``placement`` (to create)."""
+        ...
+
+    def suspended_job(self, *, attempt: int, queue: str, pinning: Pinning,
+                      request: GpuRequest | None) -> dict[str, Any]:
+        """Kueue mode: the suspended Job Kueue admits."""
+        ...
+
+    def stop_propagation(self, reason: str) -> str:
+        """How its Job is deleted when it is evicted for ``reason``."""
+        ...
+
+    def finished(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(outcome, why) once its Job completed or failed, else None."""
+        ...
+
+    def involved(self) -> dict[str, Any]:
+        """The ``involvedObject`` of an Event about it."""
+        ...
+
+
+class GPUTaskWorkload:
+    """A GPUTask as a :class:`Workload`: its Jobs are new Jobs it owns; its status is the GPUTask's."""
+
+    status_resource = GPUTASKS
+    kind = "GPUTask"
+
+    def __init__(self, record: TaskRecord) -> None:
+        self.record = record
+
+    def object(self) -> Mapping[str, Any]:
+        """The GPUTask as last seen (watch or status write)."""
+        return self.record.obj
+
+    def pod_sets(self) -> tuple[PodSetInfo, ...]:
+        """One PodSet ``main`` of one pod: the GPUTask's template (a task is one pod today)."""
+        template = (self.record.obj.get("spec") or {}).get("template") or {}
+        return (PodSetInfo(MAIN_POD_SET, 1, template),)
+
+    def priority(self) -> int:
+        """The converted task's priority; 0 before conversion."""
+        return self.record.task.priority if self.record.task is not None else 0
+
+    def queue_name(self) -> str:
+        """``spec.queueName`` as written (a GPULocalQueue, or a GPUClusterQueue named directly)."""
+        return str((self.record.obj.get("spec") or {}).get("queueName") or "")
+
+    def job_for(self, placement: Placement, *, attempt: int, queue: str, flavor: str = "",
+                tolerations: Iterable[Toleration] = (), pinning: Pinning = ENVVAR,
+                request: GpuRequest | None = None) -> dict[str, Any]:
+        """A new Job owned by the GPUTask, pinned to ``placement`` (:func:`~gputask.k8s.jobs.build_job`; raises as
+        it does)."""
+        return build_job(self.record.obj, placement, attempt=attempt, queue=queue, flavor=flavor,
+                         tolerations=tolerations, pinning=pinning, request=request)
+
+    def suspended_job(self, *, attempt: int, queue: str, pinning: Pinning,
+                      request: GpuRequest | None) -> dict[str, Any]:
+        """The suspended Job of Kueue mode (:func:`~gputask.k8s.kueue_api.build_kueue_job`)."""
+        return build_kueue_job(self.record.obj, attempt=attempt, queue=queue, pinning=pinning, request=request)
+
+    def stop_propagation(self, reason: str) -> str:
+        """Foreground for a preemption (its preemptor waits for the pods to go), else Background."""
+        return "Foreground" if reason == "Preempted" else "Background"
+
+    def finished(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(Succeeded or Failed, the Failed condition's "reason: message") from its Job's conditions."""
+        outcome = job_outcome(job)
+        return None if outcome is None else (outcome, job_failure(job))
+
+    def involved(self) -> dict[str, Any]:
+        """The GPUTask as an Event's ``involvedObject``."""
+        meta = self.record.obj["metadata"]
+        return {
+            "apiVersion": API_VERSION,
+            "kind": self.kind,
+            "name": meta["name"],
+            "namespace": self.record.namespace,
+            "uid": meta.get("uid"),
+        }
+
+
+def owner_uid(job: Mapping[str, Any]) -> str | None:
+    """The uid of the workload a Job of ours runs (its ``gputask.io/task-uid`` annotation), or None."""
+    uid = ((job.get("metadata") or {}).get("annotations") or {}).get(TASK_UID_ANNOTATION)
+    return str(uid) if uid else None
+
+
+def workload_of(record: TaskRecord) -> Workload:
+    """The workload a record stands for (a GPUTask: the one implementation today)."""
+    return GPUTaskWorkload(record)
+
+
+__all__ = ["GPUTaskWorkload", "PodSetInfo", "Workload", "owner_uid", "workload_of"]
