@@ -5,7 +5,8 @@ One cycle over random single-pod tasks on random nodes and queues decides (the c
 scheduler's cache); a second scheduler, fed the same nodes and queues, gets the decisions: first on a snapshot
 (:class:`~gputask.core.snapshot.Trial`, what preemption trials run on), then on its cache. Reservations, per-node
 accounting and quota usage must be the same in all three, and the second cache must not change while the snapshot
-is written. (Multi-PodSet tasks come with the PodSet work.)
+is written. The same holds for tasks of several PodSets (counts 1-4; the operator still makes one pod, the core
+accepts more), placed all or nothing: a task refused leaves nothing reserved in the deciding cache either.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_core_properties import QUEUES, nodes, queue_specs, requests
+from test_podset_properties import GIB
+from test_podset_properties import nodes as small_nodes
 
 from gputask.core import (
+    GPU,
     Admit,
     ClusterState,
     GpuRequest,
     Node,
+    PodSet,
     QueueSpec,
     QuotaBook,
+    ResourceQuota,
     Scheduler,
     Task,
     TaskKey,
@@ -74,3 +80,58 @@ def test_decisions_place_and_charge_alike_on_a_snapshot_and_on_the_cache(
     on_snapshot = state(trial.cluster, trial.quotas, names)
     assert on_snapshot == state(applying.cluster, applying.quotas, names)
     assert on_snapshot == state(deciding.cluster, deciding.quotas, names)
+
+
+@st.composite
+def gangs(draw: st.DrawFn) -> tuple[PodSet, ...]:
+    """2-3 PodSets of 1-4 pods each, each pod 0-2 whole GPUs or 1-2 GPUs of 4-12 GiB, some with CPU."""
+    out = []
+    for i in range(draw(st.integers(2, 3))):
+        count = draw(st.integers(0, 2))
+        mib = draw(st.none() | st.sampled_from((4 * GIB, 8 * GIB, 12 * GIB)))
+        request = GpuRequest(max(count, 1) if mib is not None else count, memory_mib=mib)
+        out.append(PodSet(f"set-{i}", draw(st.integers(1, 4)), request, cpu_milli=draw(st.sampled_from((0, 1000)))))
+    return tuple(out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    small_nodes(),
+    st.lists(st.none() | st.integers(1, 16).map(lambda g: ResourceQuota(g * 1000)), min_size=2, max_size=2),
+    st.lists(st.tuples(gangs(), st.sampled_from(("qa", "qb")), st.integers(0, 2)), min_size=1, max_size=6),
+    st.sampled_from(("bestfit", "firstfit", "packing")),
+)
+def test_multi_podset_decisions_place_and_charge_alike_on_a_snapshot_and_on_the_cache(
+    cluster: list[Node], limits: list[ResourceQuota | None], submitted: list[tuple[tuple[PodSet, ...], str, int]],
+    policy: str,
+) -> None:
+    """Tasks of several PodSets one cycle admits are placed pod by pod and charged the sum alike on a snapshot, on
+    another cache and in the deciding cache (which holds nothing of the tasks it refused)."""
+    specs = [QueueSpec(name, quotas={} if limit is None else {GPU: limit})
+             for name, limit in zip(("qa", "qb"), limits, strict=True)]
+    deciding, applying = (Scheduler(policy=make_policy(policy), nodes=cluster) for _ in range(2))
+    for s in (deciding, applying):
+        for spec in specs:
+            s.set_queue(spec)
+    tasks = [Task.of_pod_sets(TaskKey(f"ns/g{i}"), queue, sets, priority=priority, created=float(i))
+             for i, (sets, queue, priority) in enumerate(submitted)]
+    for t in tasks:
+        deciding.submit(t)
+    admits = [d for d in deciding.cycle(1.0) if isinstance(d, Admit)]
+    assert all(len(d.placement.pods) == d.task.pod_count for d in admits)  # every pod placed, in pod order
+    names = sorted(n.name for n in cluster)
+
+    before = state(applying.cluster, applying.quotas, names)
+    trial = Trial.of(applying.cluster, applying.quotas)
+    for d in admits:
+        trial.cluster.reserve(d.task, d.placement)  # OverCommitError when a decision does not fit
+        trial.quotas.charge(d.task.queue, d.usage)
+    assert state(applying.cluster, applying.quotas, names) == before  # the snapshot left the cache as it was
+
+    charged = [applying.cache.admit(d.task, d.placement, 1.0).usage for d in admits]
+    assert charged == [d.usage for d in admits]
+    on_snapshot = state(trial.cluster, trial.quotas, names)
+    assert on_snapshot == state(applying.cluster, applying.quotas, names)
+    assert on_snapshot == state(deciding.cluster, deciding.quotas, names)
+    assert sorted(deciding.cluster.reservations()) == sorted(d.task.key for d in admits)
+    assert applying.violations() == deciding.violations() == []
