@@ -193,12 +193,12 @@ class Executor:
             async with self._limit:
                 if isinstance(decision, Admit):
                     await self.admit(decision)
-                elif isinstance(decision, Pending):
-                    await self.pending(decision)
-                elif isinstance(decision, Evict):
-                    await self.evict(decision)
-                elif isinstance(decision, Fail):
-                    await self.fail(decision)
+                elif isinstance(decision, Pending):  # why it waits (an Event only for a new reason)
+                    await self._apply(Waiting(decision))
+                elif isinstance(decision, Evict):  # requeued, its Job stopped; its GPUs held until the Job is gone
+                    await self._apply(Evicting(decision))
+                elif isinstance(decision, Fail):  # Failed for good (MaxReschedulesExceeded), a Warning Event
+                    await self._apply(FailedForGood(decision))
 
     async def admit(self, decision: Admit) -> None:
         """Create the Job of an admission, then record it; a refusal backs the task off."""
@@ -328,18 +328,6 @@ class Executor:
                 await self._unconfirmed(record, sent)
                 return
         await self._apply(Adopted(record, sent, job))
-
-    async def pending(self, decision: Pending) -> None:
-        """Record why a task waits (an Event only for a new reason)."""
-        await self._apply(Waiting(decision))
-
-    async def evict(self, decision: Evict) -> None:
-        """Requeue an evicted task (its current spec), stop its Job; its GPUs stay held until the Job is gone."""
-        await self._apply(Evicting(decision))
-
-    async def fail(self, decision: Fail) -> None:
-        """A task failed for good (MaxReschedulesExceeded): Failed, with the reason and a Warning Event."""
-        await self._apply(FailedForGood(decision))
 
     # -- pods that never start -------------------------------------------------------------------------
     async def start_problem(self, record: TaskRecord) -> str:
