@@ -7,9 +7,9 @@
 - the node agent imports only itself, the core, the configuration and the API client (no operator logic, no
   simulator, emulator, manifests or kopf);
 - inside the adapter: the records, phase changes, reports, Job records and API vocabulary (``k8s/records.py``,
-  ``phases.py``, ``reports.py``, ``jobrecords.py``, ``resources.py``, ``timestamps.py``) import no I/O module (client, writer, transitions,
-  executor, controller, loop, handlers, informers, Kueue mode, kopf, aiohttp); the workload interface
-  (``k8s/workload.py``) imports neither the controller nor an I/O module.
+  ``phases.py``, ``reports.py``, ``jobrecords.py``, ``resources.py``, ``timestamps.py``) import no I/O module
+  (client, writer, transitions, executor, controller, loop, handlers, informers, Kueue mode, kopf, aiohttp); the
+  workload interface (``k8s/workload.py``) imports neither the controller nor an I/O module.
 Imports are read from the source (every ``import`` statement, ``TYPE_CHECKING`` ones included, and imports inside
 functions).
 
