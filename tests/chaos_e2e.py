@@ -416,8 +416,8 @@ def _gpu_memory(jobs: list[dict[str, Any]]) -> list[str]:
         placement = parse_placement((job["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION))
         if placement is None or _finished(job):
             continue
-        for slot in placement.gpus:
-            used[(placement.node, slot.uuid)] = used.get((placement.node, slot.uuid), 0) + slot.memory_mib
+        for slot in placement.only().gpus:
+            used[(placement.only().node, slot.uuid)] = used.get((placement.only().node, slot.uuid), 0) + slot.memory_mib
     return [
         f"GPU {uuid} on {node} holds {mib} MiB > {GPU_MIB}"
         for (node, uuid), mib in sorted(used.items())
@@ -466,7 +466,7 @@ def _quota(jobs: list[dict[str, Any]], settings: Settings) -> list[str]:
     milli = 0
     for job in filter(_live, jobs):
         placement = parse_placement((job["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION))
-        milli += sum(math.ceil(s.memory_mib * 1000 / GPU_MIB) for s in placement.gpus) if placement else 0
+        milli += sum(math.ceil(s.memory_mib * 1000 / GPU_MIB) for s in placement.only().gpus) if placement else 0
     nominal = 1000 * settings.nodes * settings.gpus_per_node
     return [f"queue default uses {milli}m of nvidia.com/gpu > nominal {nominal}m"] if milli > nominal else []
 

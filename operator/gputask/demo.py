@@ -150,7 +150,7 @@ def demo_pod(job: Mapping[str, Any], name: str) -> dict[str, Any]:
               "batch.kubernetes.io/job-name": meta["name"]}
     spec = dict(template["spec"])
     if placement is not None:
-        spec["nodeName"] = placement.node
+        spec["nodeName"] = placement.only().node
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"], "controller": True,
              "blockOwnerDeletion": True}
     return {"apiVersion": "v1", "kind": "Pod",
@@ -190,9 +190,9 @@ def jobs_table(tasks: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> Table
             continue
         table.add_row(
             escape(name),
-            escape(placement.node),
-            ", ".join(g.uuid for g in placement.gpus),
-            ", ".join(str(g.memory_mib) for g in placement.gpus),
+            escape(placement.only().node),
+            ", ".join(g.uuid for g in placement.only().gpus),
+            ", ".join(str(g.memory_mib) for g in placement.only().gpus),
             escape(job["metadata"]["name"]),
         )
     return table

@@ -24,7 +24,7 @@ def job(name: str, task_uid: str, gpus: list[tuple[str, int]], **status: Any) ->
             "name": name,
             "annotations": {
                 TASK_UID_ANNOTATION: task_uid,
-                PLACEMENT_ANNOTATION: placement_annotation(Placement(NodeName("node-0"), slots)),
+                PLACEMENT_ANNOTATION: placement_annotation(Placement.one(NodeName("node-0"), slots)),
             },
         },
         "status": status,

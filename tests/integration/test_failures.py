@@ -294,7 +294,7 @@ async def test_restart_between_job_create_and_status_patch_adopts_the_job(cluste
     await cluster.add_node("node-a", A10)
     await cluster.add_queue()
     task = await cluster.submit(gputask("t", gpuMemory="10Gi"))
-    placement = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-a10-0", 10240),))
+    placement = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-a10-0", 10240),))
     await cluster.client.create(JOBS, build_job(task, placement, attempt=1, queue="default"), "default")
     async with running_operator(cluster, FAST):
         await cluster.submit(gputask("u", gpuMemory="20Gi"))

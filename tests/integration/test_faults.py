@@ -167,7 +167,7 @@ async def place_job(cluster: Cluster, task: dict[str, Any], attempt: int, uuid: 
     from gputask.core import GpuSlot, NodeName, Placement
     from gputask.k8s.jobs import build_job
 
-    placement = Placement(NodeName("node-a"), (GpuSlot(0, uuid, mib),))
+    placement = Placement.one(NodeName("node-a"), (GpuSlot(0, uuid, mib),))
     await cluster.client.create(JOBS, build_job(task, placement, attempt=attempt, queue="default"), "default")
 
 

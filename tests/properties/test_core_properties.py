@@ -183,8 +183,9 @@ def held_mib(s: Scheduler) -> dict[tuple[str, int], int]:
     for key in s.running:
         placement = s.placement_of(key)
         assert placement is not None
-        for slot in placement.gpus:
-            out[placement.node, slot.index] = out.get((placement.node, slot.index), 0) + slot.memory_mib
+        for pod in placement.pods:
+            for slot in pod.gpus:
+                out[pod.node, slot.index] = out.get((pod.node, slot.index), 0) + slot.memory_mib
     return out
 
 
@@ -204,8 +205,9 @@ def exclusivity_problems(s: Scheduler) -> list[str]:
     """GPUs held by an exclusive task together with any other task, or with a wrong exclusive flag."""
     holders: dict[tuple[str, int], list[Task]] = {}
     for run in s.running.values():
-        for slot in run.placement.gpus:
-            holders.setdefault((run.placement.node, slot.index), []).append(run.task)
+        for pod in run.placement.pods:
+            for slot in pod.gpus:
+                holders.setdefault((pod.node, slot.index), []).append(run.task)
     problems = []
     for state in s.cluster:
         for pos, gpu in enumerate(state.node.gpus):
@@ -254,7 +256,7 @@ def placement_problems(s: Scheduler) -> list[str]:
     """Placements not on one known node, with repeated GPUs, the wrong count, MiB, uuid or product."""
     problems = []
     for key, run in s.running.items():
-        placement, request = run.placement, run.task.request
+        placement, request = run.placement.only(), run.task.request  # these tasks are one pod each
         gpus = {g.index: g for g in s.cluster.node(placement.node).node.gpus}
         indices = [slot.index for slot in placement.gpus]
         ok = len(indices) == request.count == len(set(indices)) and all(

@@ -184,14 +184,14 @@ def test_every_admitted_task_fits_its_node_by_an_independent_check(data: st.Data
         used: dict[str, list[int]] = {n: [0, 0, 0] for n in names}
         gpu_used: dict[tuple[str, int], int] = {}
         for key, entry in s.running.items():
-            name = entry.placement.node
+            name = entry.placement.only().node
             pod = tasks[key.split("/")[1]]["spec"]["template"]["spec"]
             assert fits(nodes[name], pod), (key, name)
             cpu, mem = _pod_requests(pod)
             used[name][0] += cpu
             used[name][1] += mem
             used[name][2] += 1
-            for slot in entry.placement.gpus:
+            for slot in entry.placement.only().gpus:
                 gpu_used[(name, slot.index)] = gpu_used.get((name, slot.index), 0) + slot.memory_mib
         for name, (cpu, mem, pods) in used.items():
             allocatable = nodes[name]["status"]["allocatable"]

@@ -287,7 +287,7 @@ def broken_invariants(installed: Installed, namespace: str) -> dict[str, Any]:
     for job in jobs:
         placement = parse_placement(job["metadata"]["annotations"].get("gputask.io/placement"))
         assert placement is not None, job["metadata"]["name"]
-        for gpu in placement.gpus:
+        for gpu in placement.only().gpus:
             booked[gpu.uuid] += gpu.memory_mib
         live_jobs.setdefault(job["metadata"]["labels"].get(TASK_LABEL, ""), []).append(job)
     mismatched, finished_rerun = [], []
@@ -301,7 +301,7 @@ def broken_invariants(installed: Installed, namespace: str) -> dict[str, Any]:
             job = mine[0] if len(mine) == 1 else None
             placed = job and parse_placement(job["metadata"]["annotations"]["gputask.io/placement"])
             if job is None or job["metadata"]["name"] != found.get("jobName") or placed is None or (
-                    [g.uuid for g in placed.gpus] != [g["uuid"] for g in found["placement"]["gpus"]]):
+                    [g.uuid for g in placed.only().gpus] != [g["uuid"] for g in found["placement"]["gpus"]]):
                 mismatched.append(name)
         elif mine:
             mismatched.append(name)

@@ -340,7 +340,7 @@ def test_a_job_that_completed_unseen_finishes_its_waiting_task(lossy: Lossy) -> 
     wait_for(lambda: task_status(lossy, ns, "t").get("phase") == "Pending", 30, "t Pending")
     task = lossy.api.kubectl("get", "gputasks.gputask.io", "t", "-n", ns, "-o", "json")
     gpu = lossy.api.kubectl("get", "gpunodes.gputask.io", NODE, "-o", "json")["status"]["gpus"][0]
-    job = build_job(task, Placement(NodeName(NODE), (GpuSlot(0, gpu["uuid"], 2048),)), attempt=1,
+    job = build_job(task, Placement.one(NodeName(NODE), (GpuSlot(0, gpu["uuid"], 2048),)), attempt=1,
                     queue=CLUSTER_QUEUE)
     lossy.cp.kill(KCM)  # no pod for t-1, and its status is ours to write
     try:

@@ -165,7 +165,7 @@ def restore(s: Scheduler, admitted: Iterable[FW]) -> None:
         start = used.get(w.flavor, 0)
         used[w.flavor] = start + w.gpus
         slots = tuple(GpuSlot(i, f"{w.flavor}-{i}", GPU_MIB) for i in range(start, start + w.gpus))
-        assert s.restore(_task(w), Placement(node_of(w.flavor), slots), w.admitted)
+        assert s.restore(_task(w), Placement.one(node_of(w.flavor), slots), w.admitted)
         assert s.running[TaskKey(f"ns/{w.name}")].task.flavor == w.flavor, w.name
 
 

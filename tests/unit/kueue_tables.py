@@ -140,7 +140,7 @@ def _restore(s: Scheduler, admitted: Iterable[W]) -> None:
     for w in admitted:
         slots = tuple(GpuSlot(i, f"n-{i}", GPU_MIB) for i in range(index, index + w.gpus))
         index += w.gpus
-        assert s.restore(_task(w), Placement(NodeName("n"), slots), w.admitted)
+        assert s.restore(_task(w), Placement.one(NodeName("n"), slots), w.admitted)
 
 
 def _name(key: str) -> str:

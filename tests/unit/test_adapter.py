@@ -117,7 +117,7 @@ async def test_a_task_becomes_its_pinned_job_and_an_admitted_status() -> None:
     parts = Parts()
     task = parts.submit("t", gpuMemory="8Gi")
     await parts.loop.run_once()
-    placement = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
+    placement = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
     (job,) = parts.client.all(JOBS, "ns")
     expected = build_job(task, placement, attempt=1, queue="q", request=GpuRequest(1, memory_mib=8192))
     assert ({k: job[k] for k in ("spec",)}, job["metadata"]["annotations"]) == (
@@ -179,7 +179,7 @@ async def test_an_existing_job_with_another_placement_is_adopted() -> None:
     """409 on create: our Job already exists on GPU 0 with 4 GiB, not the 8 GiB just chosen: its placement wins."""
     parts = Parts()
     task = parts.submit("t", gpuMemory="8Gi")
-    theirs = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 4096),))
+    theirs = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 4096),))
     parts.client.put(JOBS, build_job(task, theirs, attempt=1, queue="q"), "ns")
     await parts.loop.run_once()
     scheduler = parts.controller.scheduler
@@ -329,7 +329,7 @@ async def test_kueue_mode_placements_are_in_the_ledger_violations_and_metrics() 
     assert (sorted(scheduler.running), sorted(ready)) == (["ns/a"], ["Ready", "Retry"])
     parts.metrics.refresh(scheduler)
     assert parts.metrics.admitted.labels("q")._value.get() == 1.0
-    other = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 20480),))
+    other = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 20480),))
     scheduler.restore(parts.controller.tasks[TaskKey("ns/b")].task, other, charge=False)  # what a stale book says
     assert scheduler.violations() == ["node-a GPU 0: 40960 MiB reserved > 24576 MiB"]
 

@@ -98,7 +98,7 @@ async def test_what_the_cluster_offers_is_looked_at_again_whatever_it_found(monk
     is unknown) until a later look reads them."""
     clock = Clock()
     monkeypatch.setattr(pinner_module.time, "monotonic", clock)
-    placement = Placement(NodeName("n"), (GpuSlot(0, "GPU-0", 4096),))
+    placement = Placement.one(NodeName("n"), (GpuSlot(0, "GPU-0", 4096),))
     cdi_api = Served({"node.k8s.io/v1/runtimeclasses": ["nvidia-cdi"]})
     cdi = Pinner(Config(pinning="cdi", jobRuntimeClassName="nvidia-cdi"), Writer(cdi_api), OperatorMetrics())  # type: ignore[arg-type]
     dra_api = Served({"node.k8s.io/v1/runtimeclasses": [], "resource.k8s.io/v1/deviceclasses": ["gpu.nvidia.com"]},

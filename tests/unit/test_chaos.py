@@ -54,21 +54,25 @@ def _planted_bugs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
         return finish(self, key)
 
     def extra(self: ClusterState, placement: Any, sign: int) -> None:
-        state = self.node(placement.node)
-        for slot in placement.gpus:
+        state = self.node(placement.only().node)
+        for slot in placement.only().gpus:
             state.reserved_mib[state.position[slot.index]] += sign * slot.memory_mib
         self._touched(state)  # as a real change would: the placement index sees it
 
     def doubling_reserve(self: ClusterState, task: Any, placement: Any, *, force: bool = False) -> None:
         reserve(self, task, placement, force=force)
+        if type(self) is not ClusterState:
+            return  # a preemption trial's snapshot (core.snapshot): the bugs are planted in the live state only
         calls["reserve"] += 1
         if calls["reserve"] % 25 == 0 and task.request.memory_mib is not None:
             doubled.add(task.key)
             extra(self, placement, +1)
 
     def undoubling_release(self: ClusterState, key: Any) -> Any:
+        if type(self) is not ClusterState:
+            return release(self, key)
         reservation = self.reservation(key)
-        if key in doubled and reservation is not None and self.has_node(reservation.placement.node):
+        if key in doubled and reservation is not None and self.has_node(reservation.placement.only().node):
             doubled.discard(key)
             extra(self, reservation.placement, -1)
         return release(self, key)

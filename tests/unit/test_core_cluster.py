@@ -37,7 +37,7 @@ def task(name: str, *, count: int = 1, memory_gib: int | None = None) -> Task:
 
 def placed(node_name: str, *slots: tuple[int, int]) -> Placement:
     """A placement on ``node_name`` of (index, MiB) slots, with the uuids of :func:`node`."""
-    return Placement(NodeName(node_name), tuple(GpuSlot(i, f"{node_name}-{i}", m) for i, m in slots))
+    return Placement.one(NodeName(node_name), tuple(GpuSlot(i, f"{node_name}-{i}", m) for i, m in slots))
 
 
 def accounting(cluster: ClusterState) -> dict[str, object]:
@@ -47,7 +47,7 @@ def accounting(cluster: ClusterState) -> dict[str, object]:
             (s.name, list(s.reserved_mib), list(s.exclusive), dict(s.tasks), s.cpu_used, s.generation)
             for s in cluster
         ],
-        "reservations": {k: (r.task, r.placement, r.exclusive) for k, r in cluster.reservations().items()},
+        "reservations": {k: (r.task, r.placement) for k, r in cluster.reservations().items()},
         "generation": cluster.generation,
     }
 
@@ -110,7 +110,7 @@ OVERCOMMITS: dict[str, Callable[[ClusterState], None]] = {
         task("t", count=2, memory_gib=1), placed("a", (0, GIB), (0, GIB))
     ),
     "uuid mismatch": lambda c: c.reserve(
-        task("t", memory_gib=1), Placement(NodeName("a"), (GpuSlot(0, "b-0", GIB),))
+        task("t", memory_gib=1), Placement.one(NodeName("a"), (GpuSlot(0, "b-0", GIB),))
     ),
     "over memory": lambda c: c.reserve(task("t", memory_gib=5), placed("a", (0, 5 * GIB))),
     "exclusive on a busy GPU": lambda c: c.reserve(task("t"), placed("a", (0, 24 * GIB))),

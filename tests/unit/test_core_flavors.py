@@ -63,7 +63,7 @@ def two_pools() -> Scheduler:
 
 
 def admitted(decisions: list[Any]) -> list[tuple[str, str, str]]:
-    return [(d.task.key, d.task.flavor, d.placement.node) for d in decisions if isinstance(d, Admit)]
+    return [(d.task.key, d.task.flavor, d.placement.only().node) for d in decisions if isinstance(d, Admit)]
 
 
 def test_h100_and_t4_are_quotad_separately_in_the_queues_flavor_order() -> None:
@@ -152,7 +152,8 @@ def test_flavor_taints_need_tolerating_and_its_tolerations_are_the_tasks() -> No
     s.submit(whole("t"))
     (decision,) = s.cycle(0.0)
     assert isinstance(decision, Admit)
-    assert (decision.task.flavor, decision.placement.node, decision.task.constraints.tolerations[0].tolerates(taint),
+    assert (decision.task.flavor, decision.placement.only().node,
+            decision.task.constraints.tolerations[0].tolerates(taint),
             decision.task.constraints.node_selector) == ("tainted", "d", True, (("pool", "tainted"),))
 
 
@@ -182,7 +183,7 @@ def test_restored_work_is_charged_in_the_flavor_holding_it_and_requeued_unflavor
     s.set_queue(flavored_queue("q", {"h100": 1, "t4": 1}))
 
     task = whole("t")
-    assert s.restore(task, Placement(NodeName("t"), (GpuSlot(0, "t-0", 16 * GIB),)))
+    assert s.restore(task, Placement.one(NodeName("t"), (GpuSlot(0, "t-0", 16 * GIB),)))
     charged = dict(s.quotas.usage["q"])
     requeued = s.requeue(task.key)
     assert charged == {"nvidia.com/gpu@t4": 1000, "gputask.io/gpu-memory@t4": 16384}
@@ -206,11 +207,11 @@ def test_restored_work_stays_in_the_flavor_its_job_names_even_when_two_flavors_h
     quota is overdrawn; a flavor gone since still gets its charge back."""
     s = cluster(node("n", H100, 4, 80), flavors={"reserved": {}, "spot": {}})
     s.set_queue(flavored_queue("q", {"reserved": 1, "spot": 2}))
-    slots = [Placement(NodeName("n"), (GpuSlot(i, f"n-{i}", 80 * GIB),)) for i in range(3)]
+    slots = [Placement.one(NodeName("n"), (GpuSlot(i, f"n-{i}", 80 * GIB),)) for i in range(3)]
     for i, flavor in enumerate(("reserved", "spot", "spot")):
         assert s.restore(whole(f"t{i}"), slots[i], flavor=flavor)
     s.remove_flavor("spot")
-    assert s.restore(whole("t3"), Placement(NodeName("n"), (GpuSlot(3, "n-3", 80 * GIB),)), flavor="spot")
+    assert s.restore(whole("t3"), Placement.one(NodeName("n"), (GpuSlot(3, "n-3", 80 * GIB),)), flavor="spot")
     assert ({k: v for k, v in s.quotas.usage["q"].items() if k.startswith("nvidia")}, s.violations()) == (
         {"nvidia.com/gpu@reserved": 1000, "nvidia.com/gpu@spot": 3000},
         ["queue q: nvidia.com/gpu@spot usage 3000 > 2000"],  # t3 restored in spot beyond it: reported, not hidden

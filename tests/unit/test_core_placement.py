@@ -46,7 +46,7 @@ def task(
 
 def placed(node_name: str, *slots: tuple[int, int]) -> Placement:
     """A placement on ``node_name`` of (index, MiB) slots, with the uuids of :func:`node`."""
-    return Placement(NodeName(node_name), tuple(GpuSlot(i, f"{node_name}-{i}", m) for i, m in slots))
+    return Placement.one(NodeName(node_name), tuple(GpuSlot(i, f"{node_name}-{i}", m) for i, m in slots))
 
 
 def found(outcome: Outcome) -> Placement:
@@ -169,7 +169,7 @@ def test_random_policy_is_repeatable_per_seed_and_stays_feasible() -> None:
     cluster.reserve(task("full", count=3), placed("c", (0, 24 * GIB), (1, 24 * GIB), (2, 24 * GIB)))
     tasks = [task(f"t{i}", count=2, memory_gib=4) for i in range(12)]
     runs = [[found(find_placement(cluster, t, RandomFit(seed=7))) for t in tasks] for _ in range(2)]
-    feasible = all(p.node != "c" and len(set(p.indices)) == 2 for p in runs[0])
+    feasible = all(p.only().node != "c" and len(set(p.only().indices)) == 2 for p in runs[0])
     assert (runs[0] == runs[1], feasible) == (True, True)
 
 

@@ -21,6 +21,7 @@ from gputask.core import (
     NodeName,
     Outcome,
     Placement,
+    PodPlacement,
     Task,
     TaskKey,
     find_placement,
@@ -83,12 +84,12 @@ def plain_search(cluster: ClusterState, t: Task, policy: Policy, quota: QuotaChe
             continue
         picked = policy.choose(state, t, feasible)
         fits = True
-        if quota is not None and (why := quota(state, Placement(state.name, slots_for(state, t, picked)))):
+        if quota is not None and (why := quota(state, PodPlacement(state.name, slots_for(state, t, picked)))):
             refused = refused or why
             continue
         score = policy.score(state, t, picked)
         if best is None or (score, state.name) < best[:2]:
-            best = (score, state.name, Placement(state.name, slots_for(state, t, picked)))
+            best = (score, state.name, Placement.one(state.name, slots_for(state, t, picked)))
             if policy.stop_at_first:
                 break
     products = t.request.products
@@ -99,13 +100,13 @@ def plain_search(cluster: ClusterState, t: Task, policy: Policy, quota: QuotaChe
 def test_cpu_only_task_takes_cpu_and_memory_and_no_gpu() -> None:
     """A task of 0 GPUs fits a node whose GPUs are all taken, needs only CPU and memory, and holds no GPU."""
     cluster = ClusterState([node("a", 1000, cpu=4000, memory=100), node("b", 1000, cpu=8000, memory=100)])
-    cluster.reserve(task("whole", cpu=1000), Placement(NodeName("a"), (GpuSlot(0, "a-0", 1000),)))
+    cluster.reserve(task("whole", cpu=1000), Placement.one(NodeName("a"), (GpuSlot(0, "a-0", 1000),)))
     cpu_only = task("cpu", 0, cpu=3000, memory=50)
     outcomes = [find_placement(cluster, cpu_only, p) for p in (BestFit(), FirstFit())]
-    cluster.reserve(cpu_only, Placement(NodeName("a"), ()))
+    cluster.reserve(cpu_only, Placement.one(NodeName("a"), ()))
     too_big = find_placement(cluster, task("big", 0, cpu=9000), BestFit())
     assert (outcomes, cluster.node(NodeName("a")).cpu_used, cluster.node(NodeName("a")).reserved_mib, too_big) == (
-        [Outcome(Placement(NodeName("a"), ()), True)] * 2,
+        [Outcome(Placement.one(NodeName("a"), ()), True)] * 2,
         4000,
         [1000],
         Outcome(None, False, None, True),
@@ -117,7 +118,8 @@ def test_index_columns_follow_reservations_releases_and_node_updates() -> None:
     cluster = ClusterState([node("b", 1000, 1000, cpu=8000, memory=64), node("a", 2000, schedulable=False)])
     index = cluster.index()
     first = (index.free_cpu[:], index.free_memory[:], index.idle[:], index.max_free_mib[:], index.max_free_milli[:])
-    cluster.reserve(task("t", memory_mib=300, cpu=500, memory=4), Placement(NodeName("b"), (GpuSlot(1, "b-1", 300),)))
+    cluster.reserve(task("t", memory_mib=300, cpu=500, memory=4),
+                    Placement.one(NodeName("b"), (GpuSlot(1, "b-1", 300),)))
     reserved = (index.free_cpu[:], index.free_memory[:], index.idle[:], index.max_free_mib[:], index.max_free_milli[:])
     cluster.set_node(node("b", 1000, 1000, cpu=8000, memory=64, product="A10"))
     cluster.release(TaskKey("ns/t"))
@@ -140,7 +142,7 @@ def test_identical_nodes_share_a_group_until_one_changes() -> None:
     cluster = ClusterState([node("a", 1000, 1000), node("b", 1000, 1000), node("c", 1000, 2000)])
     index = cluster.index()
     before = list(index.group)
-    cluster.reserve(task("t", memory_mib=10), Placement(NodeName("a"), (GpuSlot(0, "a-0", 10),)))
+    cluster.reserve(task("t", memory_mib=10), Placement.one(NodeName("a"), (GpuSlot(0, "a-0", 10),)))
     during = list(index.group)
     cluster.release(TaskKey("ns/t"))
     assert (before[0] == before[1] != before[2], during[0] != during[1], index.group == before) == (True, True, True)
@@ -166,13 +168,14 @@ def test_remembered_evaluations_are_per_task_shape() -> None:
     cluster = ClusterState([node("a", 1000, cpu=4000), node("b", 1000, cpu=8000)])
     policy = CpuTarget()
     picks = [find_placement(cluster, task(f"t{c}", memory_mib=10, cpu=c), policy) for c in (1000, 4000)]
-    assert [o.placement.node for o in picks if o.placement] == ["a", "b"]
+    assert [o.placement.only().node for o in picks if o.placement] == ["a", "b"]
 
 
 def test_fraction_filter_matches_the_rounded_up_mib_exactly() -> None:
     """A fraction fits a GPU exactly when its free share (milli, rounded down) reaches it."""
     cluster = ClusterState([node("a", 24576)])
-    cluster.reserve(task("x", memory_mib=24576 - 8184), Placement(NodeName("a"), (GpuSlot(0, "a-0", 24576 - 8184),)))
+    cluster.reserve(task("x", memory_mib=24576 - 8184),
+                    Placement.one(NodeName("a"), (GpuSlot(0, "a-0", 24576 - 8184),)))
     rows = [candidate_rows(cluster.index(), task("t", fraction=f)) for f in (333, 334)]
     fits = [find_placement(cluster, task("t", fraction=f), BestFit()).placement is not None for f in (333, 334)]
     assert (rows, fits) == ([[0], []], [True, False])
@@ -194,9 +197,9 @@ def test_random_fit_visits_every_candidate_once_in_a_seeded_order() -> None:
 def test_random_fit_spreads_over_all_feasible_nodes() -> None:
     """Among four identical feasible nodes (and one full one) every feasible node gets chosen."""
     cluster = ClusterState([node(n, 1000) for n in "abcde"])
-    cluster.reserve(task("full"), Placement(NodeName("c"), (GpuSlot(0, "c-0", 1000),)))
+    cluster.reserve(task("full"), Placement.one(NodeName("c"), (GpuSlot(0, "c-0", 1000),)))
     policy = RandomFit(seed=1)
-    chosen = {find_placement(cluster, task("t", memory_mib=10), policy).placement.node for _ in range(200)}  # type: ignore[union-attr]
+    chosen = {find_placement(cluster, task("t", memory_mib=10), policy).placement.only().node for _ in range(200)}  # type: ignore[union-attr]
     assert chosen == {"a", "b", "d", "e"}
 
 
@@ -376,7 +379,7 @@ def test_the_preemption_precheck_never_refuses_a_node_the_search_would_fit(
     for i, spec in enumerate(preemptors):
         t = to_task(i, spec)
         for state in cluster.sorted_nodes():
-            on_node = [v for v in placed if v.placement.node == state.name]
+            on_node = [v for v in placed if v.placement.only().node == state.name]
             victims = data.draw(st.lists(st.sampled_from(on_node), unique_by=id) if on_node else st.just([]))
             if not could_fit_without(state, t, victims):
                 with planner._without(victims):

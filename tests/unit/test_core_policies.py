@@ -36,7 +36,7 @@ def task(name: str, request: GpuRequest, cpu: int = 0) -> Task:
 def reserve(cluster: ClusterState, name: str, node_name: str, mib: int, cpu: int = 0) -> None:
     """Reserve ``mib`` on GPU 0 of ``node_name`` for a sharing task."""
     t = task(name, GpuRequest(1, memory_mib=mib), cpu)
-    cluster.reserve(t, Placement(NodeName(node_name), (GpuSlot(0, f"{node_name}-0", mib),)))
+    cluster.reserve(t, Placement.one(NodeName(node_name), (GpuSlot(0, f"{node_name}-0", mib),)))
 
 
 def target() -> TargetWorkload:
@@ -85,7 +85,7 @@ def test_fgd_puts_a_half_gpu_task_where_fragmentation_grows_least() -> None:
     policy = FGD()
     policy.set_workload([TaskShape(WHOLE, 4000)] * 2 + [TaskShape(HALF, 2000)] * 2)
     outcome = find_placement(cluster, task("h", HALF, 2000), policy)
-    assert outcome.placement == Placement(NodeName("b"), (GpuSlot(0, "b-0", 500),))
+    assert outcome.placement == Placement.one(NodeName("b"), (GpuSlot(0, "b-0", 500),))
 
 
 def test_fgd_follows_the_tasks_it_sees_when_no_workload_is_fixed() -> None:
@@ -119,7 +119,7 @@ def test_packing_keeps_a_scarce_product_for_the_tasks_that_need_it() -> None:
     cluster = ClusterState([node("a", product="T4"), node("b", product="A10")])
     policy = Packing()
     policy.set_workload([TaskShape(WHOLE)] * 2 + [TaskShape(GpuRequest(1, products=frozenset({"T4"})))] * 2)
-    assert find_placement(cluster, task("t", WHOLE), policy).placement == Placement(
+    assert find_placement(cluster, task("t", WHOLE), policy).placement == Placement.one(
         NodeName("b"), (GpuSlot(0, "b-0", 1000),)
     )
 

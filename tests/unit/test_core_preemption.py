@@ -16,6 +16,7 @@ from gputask.core import (
     Task,
     TaskKey,
 )
+from gputask.core.cycle import Cycle
 from gputask.core.scheduler import Evict
 
 
@@ -328,13 +329,13 @@ def test_a_failed_preemption_is_not_planned_again_until_something_changes(monkey
     waiting = whole("waiting", 5, created=1.0)  # same priority: nothing it may preempt
     s.submit(waiting)
     plans: list[str] = []
-    real = Scheduler._preempt
+    real = Cycle.plan
 
-    def counted(self: Scheduler, task: Task, *args: object) -> object:
+    def counted(self: Cycle, task: Task) -> object:
         plans.append(task.key)
-        return real(self, task, *args)  # type: ignore[arg-type]
+        return real(self, task)
 
-    monkeypatch.setattr(Scheduler, "_preempt", counted)
+    monkeypatch.setattr(Cycle, "plan", counted)
     s.cycle(1.0)
     s.cycle(2.0)
     assert plans == ["ns/waiting"]

@@ -79,7 +79,7 @@ def queue(
 
 def placed(node_name: str, *slots: tuple[int, int]) -> Placement:
     """A placement on ``node_name`` of (index, MiB) slots, with the uuids of :func:`node`."""
-    return Placement(NodeName(node_name), tuple(GpuSlot(i, f"{node_name}-{i}", m) for i, m in slots))
+    return Placement.one(NodeName(node_name), tuple(GpuSlot(i, f"{node_name}-{i}", m) for i, m in slots))
 
 
 def usage(milli: int, mib: int) -> dict[str, int]:

@@ -45,7 +45,7 @@ def task(name: str, memory_gib: int | None, group: str = "", *, priority: int = 
 
 def on(node_name: str, index: int, gib: int) -> Placement:
     """One slot of ``gib`` GiB on GPU ``index`` of ``node_name``."""
-    return Placement(NodeName(node_name), (GpuSlot(index, f"{node_name}-{index}", gib * GIB),))
+    return Placement.one(NodeName(node_name), (GpuSlot(index, f"{node_name}-{index}", gib * GIB),))
 
 
 def test_a_gpu_shared_by_one_group_refuses_a_task_of_another_and_takes_one_of_its_own() -> None:

@@ -119,7 +119,7 @@ def test_quota_is_judged_on_the_card_a_node_would_charge() -> None:
     s.pending.discard(TaskKey("ns/on-b"))  # as suggested: 6144Mi on the L4 charges the 250m left
     s.submit(replace(task("on-b", created=1.0), request=replace(task("x").request, memory_mib=6144),
                      constraints=Constraints(node_selector=(("pool", "b"),))))
-    assert [(type(d).__name__, getattr(d, "placement", None) and d.placement.node) for d in s.cycle(3.0)] == [
+    assert [(type(d).__name__, getattr(d, "placement", None) and d.placement.only().node) for d in s.cycle(3.0)] == [
         ("Admit", "small")]
 
 

@@ -369,7 +369,7 @@ def test_match_fields_on_the_node_name_are_not_shared_between_identical_nodes() 
     t = with_(task("t"), constraints=only_b)
     s.submit(t)
     decisions = s.cycle(0.0)
-    assert [(type(d).__name__, d.placement.node) for d in decisions if isinstance(d, Admit)] == [("Admit", "b")]
+    assert [(type(d).__name__, d.placement.only().node) for d in decisions if isinstance(d, Admit)] == [("Admit", "b")]
 
 
 def test_preemption_frees_the_resource_that_is_short() -> None:
@@ -384,7 +384,7 @@ def test_preemption_frees_the_resource_that_is_short() -> None:
     where = s.placement_of(heavy.key)
     assert where is not None
     decisions = s.cycle(1.0)
-    assert decisions[0] == preempted(heavy, ("a", where.gpus[0].index, W), pre)
+    assert decisions[0] == preempted(heavy, ("a", where.only().gpus[0].index, W), pre)
     assert [d for d in decisions if isinstance(d, Pending)] == [
         Pending(pre, "Preempting", "preempting ns/heavy on a")]
     assert [(d.task.key, type(d).__name__) for d in decisions] == [(heavy.key, "Evict"), (pre.key, "Pending")]

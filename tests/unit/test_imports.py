@@ -10,6 +10,8 @@
   ``phases.py``, ``reports.py``, ``jobrecords.py``, ``resources.py``, ``timestamps.py``) import no I/O module
   (client, writer, transitions, executor, controller, loop, handlers, informers, Kueue mode, kopf, aiohttp); the
   workload interface (``k8s/workload.py``) imports neither the controller nor an I/O module.
+- no import circle among the core's modules (:func:`import_cycles`; the scheduler split into cache, queue
+  manager, cycle and view, issue 29).
 Imports are read from the source (every ``import`` statement, ``TYPE_CHECKING`` ones included, and imports inside
 functions).
 
@@ -182,6 +184,64 @@ def write_calls(root: Path) -> list[str]:
     return out
 
 
+def _core_modules(root: Path) -> dict[str, Path]:
+    """Module name -> file of every module under ``root``/core (a package by its ``__init__``)."""
+    out = {}
+    for path in sorted((root / "core").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(("gputask", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        out[name] = path
+    return out
+
+
+def core_imports(root: Path) -> dict[str, set[str]]:
+    """The core's import graph from the source (``TYPE_CHECKING`` imports included): module -> the core modules it
+    imports (``from gputask.core import policies`` names the submodule; any other name, the package)."""
+    modules = _core_modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            found.update(t for t in targets if t in modules and t != name)
+        graph[name] = found
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One import circle through each module that lies on one, each as a path that ends where it starts
+    (depth-first search; empty when the graph has none)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                out.append([*path[path.index(target):], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return out
+
+
 def oversized(root: Path) -> list[str]:
     """Each module of ``core/`` and ``k8s/`` over MAX_LINES lines and each class there over MAX_METHODS methods
     (functions defined in its body)."""
@@ -213,12 +273,9 @@ def test_the_write_rule_catches_a_planted_write(tmp_path: Path) -> None:
     assert write_calls(tmp_path) == ["k8s/bad.py:2", "k8s/bad.py:3"]
 
 
-def test_the_adapter_keeps_its_size_limits() -> None:
-    """No module of k8s/ is over 600 lines, no class there over 30 methods (core/ is its own issue: only what is
-    over today is known, nothing new)."""
-    known_core = {"core/scheduler.py"}  # split by the Scheduler-split work of issue 29 (part 2), not here
-    found = [o for o in oversized(PACKAGE) if not any(o.startswith(k) for k in known_core)]
-    assert found == []
+def test_core_and_adapter_keep_their_size_limits() -> None:
+    """No module of core/ or k8s/ is over 600 lines, no class there over 30 methods."""
+    assert oversized(PACKAGE) == []
 
 
 def test_the_size_rule_catches_a_planted_giant(tmp_path: Path) -> None:
@@ -228,3 +285,22 @@ def test_the_size_rule_catches_a_planted_giant(tmp_path: Path) -> None:
     (tmp_path / "k8s" / "long.py").write_text("x = 1\n" * 601)
     (tmp_path / "core" / "wide.py").write_text("class C:\n" + "".join(f"    def m{i}(self): ...\n" for i in range(31)))
     assert oversized(tmp_path) == ["core/wide.py: class C has 31 methods", "k8s/long.py: 601 lines"]
+
+
+def test_the_core_has_no_import_circle() -> None:
+    """No circle among the core's modules (not even through ``TYPE_CHECKING``)."""
+    assert import_cycles(core_imports(PACKAGE)) == []
+
+
+def test_the_circle_rule_catches_planted_circles(tmp_path: Path) -> None:
+    """A circle planted through a ``TYPE_CHECKING`` import and one through the package are each reported."""
+    core = tmp_path / "core"
+    core.mkdir()
+    (core / "__init__.py").write_text("from gputask.core.b import B\n")
+    guarded = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gputask.core.b import B\n"
+    (core / "a.py").write_text(guarded)
+    (core / "b.py").write_text("from . import a\nfrom gputask.core import B\n")
+    assert import_cycles(core_imports(tmp_path)) == [
+        ["gputask.core", "gputask.core.b", "gputask.core"],
+        ["gputask.core.b", "gputask.core.a", "gputask.core.b"],
+    ]

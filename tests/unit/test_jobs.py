@@ -30,7 +30,7 @@ TASK = {
         },
     },
 }
-PLACEMENT = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-aaa", 12288), GpuSlot(2, "GPU-ccc", 12288)))
+PLACEMENT = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-aaa", 12288), GpuSlot(2, "GPU-ccc", 12288)))
 
 
 def test_build_job_is_pinned_to_node_and_gpus() -> None:
@@ -116,6 +116,14 @@ def test_placement_annotation_round_trips() -> None:
     """The placement annotation parses back to the same Placement; garbage parses to None."""
     assert parse_placement(placement_annotation(PLACEMENT)) == PLACEMENT
     assert [parse_placement(t) for t in (None, "", "{", '{"node":"a"}')] == [None, None, None, None]
+
+
+def test_a_placement_annotation_written_by_the_previous_version_is_read_as_one_pod() -> None:
+    """Jobs already in clusters carry the one-node format: it reads back as a one-pod placement, and a one-pod
+    placement is written in exactly that format."""
+    old = '{"node":"n1","uuids":["GPU-a","GPU-b"],"indices":[0,3],"memoryMiB":[8192,8192]}'
+    pod = Placement.one(NodeName("n1"), (GpuSlot(0, "GPU-a", 8192), GpuSlot(3, "GPU-b", 8192)))
+    assert (parse_placement(old), placement_annotation(pod)) == (pod, old)
 
 
 def test_the_node_requirement_joins_every_node_selector_term_of_the_users_affinity() -> None:

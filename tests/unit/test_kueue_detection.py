@@ -162,5 +162,5 @@ def test_check_answers_keep_their_transition_time_while_the_state_holds() -> Non
     annotation = '{"node":"n","uuids":["GPU-1"],"indices":[1],"memoryMiB":[100]}'
     update = {"name": "main", "annotations": {"gputask.io/placement": annotation}}
     answered = workload(checks=[{"name": "gputask-placement", "state": "Ready", "podSetUpdates": [update]}])
-    assert ready_placement(answered) == Placement(NodeName("n"), (GpuSlot(1, "GPU-1", 100),))
+    assert ready_placement(answered) == Placement.one(NodeName("n"), (GpuSlot(1, "GPU-1", 100),))
     assert ready_placement(workload(checks=[{"name": "gputask-placement", "state": "Pending"}])) is None

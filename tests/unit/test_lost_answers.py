@@ -40,7 +40,7 @@ def mib_on_gpus(parts: Parts) -> dict[int, int]:
             continue
         placement = parse_placement(job["metadata"]["annotations"][PLACEMENT_ANNOTATION])
         assert placement is not None
-        for slot in placement.gpus:
+        for slot in placement.only().gpus:
             used[slot.index] = used.get(slot.index, 0) + slot.memory_mib
     return used
 
@@ -89,7 +89,7 @@ async def test_a_live_job_of_a_waiting_task_holds_its_gpus() -> None:
     NoFit instead of sharing the GPU beyond its memory."""
     parts = Parts()
     task = parts.submit("t", gpuMemory="20Gi", queueName="nowhere")  # waits: its queue does not exist
-    on_gpu0 = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 20480),))
+    on_gpu0 = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 20480),))
     parts.controller.on_job(parts.client.put(JOBS, build_job(task, on_gpu0, attempt=1, queue="q"), "ns"))
     parts.submit("u", gpuMemory="20Gi")
     await parts.loop.run_once()
@@ -104,7 +104,7 @@ async def test_an_adopted_job_whose_gpus_were_booked_since_is_deleted_not_believ
     parts.submit("u", gpuMemory="20Gi")
     await parts.loop.run_once()
     task = parts.submit("t", gpuMemory="20Gi")
-    on_gpu0 = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 20480),))
+    on_gpu0 = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 20480),))
     parts.client.put(JOBS, build_job(task, on_gpu0, attempt=1, queue="q"), "ns")  # the informer has not seen it
     await parts.loop.run_once()
     status = parts.status("t")
@@ -120,7 +120,7 @@ async def test_a_job_that_completed_unseen_makes_its_waiting_task_succeeded() ->
     deleted, it never runs again."""
     parts = Parts()
     task = parts.submit("t", gpuMemory="8Gi", queueName="nowhere")
-    on_gpu0 = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
+    on_gpu0 = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
     job = parts.client.put(JOBS, {**build_job(task, on_gpu0, attempt=1, queue="q"),
                                   "status": {"conditions": [{"type": "Complete", "status": "True"}]}}, "ns")
     parts.controller.on_job(job)
@@ -137,7 +137,7 @@ async def test_a_409_on_a_completed_job_finishes_the_task_instead_of_running_it_
     Succeeded at once, nothing holds the GPU, and the Job is never deleted for having no pod."""
     parts = Parts()
     task = parts.submit("t", gpuMemory="8Gi")
-    on_gpu0 = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
+    on_gpu0 = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 8192),))
     parts.client.put(JOBS, {**build_job(task, on_gpu0, attempt=1, queue="q"),
                             "status": {"conditions": [{"type": "Complete", "status": "True"}]}}, "ns")
     await parts.loop.run_once()

@@ -67,10 +67,10 @@ def test_gpu_gauges_follow_changes_and_drop_nodes_gone() -> None:
     assert (free("a", "0"), free("b", "0")) == (24 * GIB * 2**20, 24 * GIB * 2**20)
     s.submit(Task(TaskKey("ns/t"), "q", GpuRequest(1, memory_mib=10 * GIB), created=0))
     placed = [d for d in s.cycle(0.0) if hasattr(d, "placement")][0]
-    s.remove_node(NodeName("b") if placed.placement.node == "a" else NodeName("a"))
+    s.remove_node(NodeName("b") if placed.placement.only().node == "a" else NodeName("a"))
     metrics.refresh(s)
-    gone = "b" if placed.placement.node == "a" else "a"
-    on = placed.placement.node
+    gone = "b" if placed.placement.only().node == "a" else "a"
+    on = placed.placement.only().node
     frees = sorted(free(on, str(i)) or 0.0 for i in range(2 if on == "a" else 1))
     assert (free(gone, "0"), sample("gputask_node_gpu_memory_free_bytes", {"node": gone}), frees[0]) == (
         None, None, 14 * GIB * 2**20)

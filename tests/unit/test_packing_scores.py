@@ -33,7 +33,7 @@ def cluster_with(nodes: list[Node], used: dict[str, int]) -> ClusterState:
     cluster = ClusterState(nodes)
     for name, mib in used.items():
         held = task(f"held-{name}", GpuRequest(1, memory_mib=mib))
-        cluster.reserve(held, Placement(NodeName(name), (GpuSlot(0, f"{name}-0", mib),)))
+        cluster.reserve(held, Placement.one(NodeName(name), (GpuSlot(0, f"{name}-0", mib),)))
     return cluster
 
 
@@ -41,7 +41,7 @@ def placed_on(cluster: ClusterState, request: GpuRequest, policy: FGD) -> str:
     """The node ``policy`` places a task of ``request`` on."""
     placement = find_placement(cluster, task("t", request), policy).placement
     assert placement is not None
-    return placement.node
+    return placement.only().node
 
 
 def test_sliver_table_is_the_expected_gap_left_when_popular_shares_top_a_gpu_up() -> None:

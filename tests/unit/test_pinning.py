@@ -33,8 +33,8 @@ GPU_A, GPU_B, MIG = (
     "GPU-1d0e7b0a-2c53-4f2e-9b5e-77c1a0e3c111",
     "MIG-5c4b2c1d-7d3e-5f7a-8b9c-0d1e2f3a4b5c",
 )
-SHARED = Placement(NodeName("node-a"), (GpuSlot(0, GPU_A, 8192), GpuSlot(1, GPU_B, 6144)))
-WHOLE = Placement(NodeName("node-a"), (GpuSlot(0, GPU_A, 81920), GpuSlot(3, MIG, 9984)))
+SHARED = Placement.one(NodeName("node-a"), (GpuSlot(0, GPU_A, 8192), GpuSlot(1, GPU_B, 6144)))
+WHOLE = Placement.one(NodeName("node-a"), (GpuSlot(0, GPU_A, 81920), GpuSlot(3, MIG, 9984)))
 MPS = GpuRequest(2, memory_mib=8192, share_group="MPS")
 PIN = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}}  # fmt: skip

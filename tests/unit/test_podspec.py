@@ -177,7 +177,7 @@ BROKEN = st.tuples(
     ),
     JSON,
 )
-PLACEMENT = Placement(NodeName("node-a"), (GpuSlot(0, "GPU-0", 1024),))
+PLACEMENT = Placement.one(NodeName("node-a"), (GpuSlot(0, "GPU-0", 1024),))
 
 
 def built(pod: dict[str, Any]) -> dict[str, Any]:

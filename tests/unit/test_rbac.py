@@ -283,7 +283,7 @@ async def test_the_pinning_checks_and_dra_objects_are_granted() -> None:
     client = Recording()
     pinner = Pinner(Config(pinning="dra"), Writer(client), OperatorMetrics())
     task = {"metadata": {"name": "t", "namespace": "ns", "uid": "u"}}
-    placement = Placement(NodeName("n"), (GpuSlot(0, "GPU-0", 4096),))
+    placement = Placement.one(NodeName("n"), (GpuSlot(0, "GPU-0", 4096),))
     await pinner.check()
     for request in (GpuRequest(1), GpuRequest(1, memory_mib=4096, share_group="namespace ns, MPS")):
         await pinner.prepare(task, "t-1", request, placement)

@@ -75,18 +75,18 @@ def test_device_plugin_pods_hold_the_gpus_the_kubelet_gave_them() -> None:
 
 def placed(*slots: tuple[int, int]) -> Placement:
     """A placement on node-a with (index, MiB) slots."""
-    return Placement(NodeName("node-a"), tuple(GpuSlot(i, f"GPU-{i}", mib) for i, mib in slots))
+    return Placement.one(NodeName("node-a"), tuple(GpuSlot(i, f"GPU-{i}", mib) for i, mib in slots))
 
 
 def test_overuse_is_use_beyond_the_reservation_and_the_tolerance_on_each_gpu() -> None:
     """Per GPU: within budget plus tolerance is fine; beyond it is an overuse; a GPU outside the placement has
     budget 0; the message names each GPU."""
-    found = overuses(placed((0, 8192), (1, 8192)), {0: 9000, 1: 9300, 3: 700}, 1024)
+    found = overuses(placed((0, 8192), (1, 8192)).only(), {0: 9000, 1: 9300, 3: 700}, 1024)
     assert (found, overuse_text(found, 1024)) == (
         (Overuse("node-a", 1, "GPU-1", 9300, 8192),),
         "node-a GPU 1 (GPU-1): 9300 MiB used, budget 8192 MiB (+1024 MiB tolerance)",
     )
-    assert overuses(placed((0, 8192)), {2: 2000}, 1024) == (Overuse("node-a", 2, "", 2000, 0),)
+    assert overuses(placed((0, 8192)).only(), {2: 2000}, 1024) == (Overuse("node-a", 2, "", 2000, 0),)
 
 
 def scheduler_with_running_task(action: str, max_reschedules: int = 3) -> tuple[Scheduler, Task]:

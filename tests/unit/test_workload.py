@@ -15,7 +15,7 @@ from gputask.k8s.writer import Writer
 from gputask.testing.fake import FakeKubeClient
 
 TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
-PLACEMENT = Placement(NodeName("node-a"), (GpuSlot(1, "GPU-1", 40960),))
+PLACEMENT = Placement.one(NodeName("node-a"), (GpuSlot(1, "GPU-1", 40960),))
 
 
 def _stored(client: FakeKubeClient) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gputask.core.model import Placement
+from gputask.core.model import PodPlacement
 from gputask.core.reasons import Reason
 
 WARN, EVICT = "Warn", "Evict"
@@ -50,8 +50,8 @@ class Overuse:
         return self.used_mib - self.budget_mib
 
 
-def overuses(placement: Placement, used_by_index: Mapping[int, int], tolerance_mib: int) -> tuple[Overuse, ...]:
-    """The GPUs on which ``used_by_index`` (MiB per GPU index of the placement's node) exceeds the budget plus
+def overuses(placement: PodPlacement, used_by_index: Mapping[int, int], tolerance_mib: int) -> tuple[Overuse, ...]:
+    """The GPUs on which ``used_by_index`` (MiB per GPU index of the pod's node) exceeds the pod's budget plus
     ``tolerance_mib``, in index order."""
     budget = {g.index: (g.uuid, g.memory_mib) for g in placement.gpus}
     found = []

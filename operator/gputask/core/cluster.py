@@ -9,7 +9,8 @@ Invariants (checked by :meth:`ClusterState.violations` and the property tests):
   made here (foreign use reported later can exceed it: that is the agent's truth);
 - an exclusive (whole-GPU) reservation is the only one on its GPU;
 - the shared reservations on one GPU all belong to one share group (``GpuRequest.share_group``);
-- a task is reserved on at most one node.
+- each pod of a task is reserved on one node (a task of several pods may span nodes, and its pods may
+  share a node).
 
 For speed at thousands of nodes the state also keeps a :class:`NodeIndex`: per-node
 aggregates in name order (free CPU and memory, idle GPUs, largest free share) refreshed on
@@ -26,16 +27,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputask.core.errors import OverCommitError, UnknownNodeError
-from gputask.core.model import MILLI_PER_GPU, Gpu, GpuSlot, Node, NodeName, Placement, Task, TaskKey
+from gputask.core.model import (
+    MILLI_PER_GPU,
+    Gpu,
+    GpuSlot,
+    Node,
+    NodeName,
+    Placement,
+    PodPlacement,
+    PodSet,
+    Task,
+    TaskKey,
+)
 
 
 @dataclass(slots=True)
 class Reservation:
-    """A task's reservation: the task, its placement, and whether its GPUs are exclusive."""
+    """A task's reservation: the task and its placement (one pod per :attr:`Task.pods` entry)."""
 
     task: Task
     placement: Placement
-    exclusive: bool
 
 
 @dataclass(slots=True, eq=False)
@@ -44,8 +55,9 @@ class NodeState:
 
     ``reserved_mib[i]`` is the MiB reserved by gputask tasks on ``node.gpus[i]``;
     ``exclusive[i]`` is True while a whole-GPU task holds it; ``groups[i]`` counts the shared
-    reservations on it per share group. ``generation`` increases on every change so snapshots and
-    caches can refresh only changed nodes.
+    reservations on it per share group. ``tasks`` holds, per task with pods here, those pods' GPUs as one
+    :class:`PodPlacement` (every slot of its pods on this node); ``pods_used`` counts the pods.
+    ``generation`` increases on every change so snapshots and caches can refresh only changed nodes.
     """
 
     node: Node
@@ -54,7 +66,8 @@ class NodeState:
     position: dict[int, int]
     groups: list[dict[str, int]] = field(default_factory=list)
     grouped: int = 0  # shared reservations of a group other than "" on the node (0: groups say nothing new)
-    tasks: dict[TaskKey, Placement] = field(default_factory=dict)
+    tasks: dict[TaskKey, PodPlacement] = field(default_factory=dict)
+    pods_used: int = 0
     cpu_used: int = 0
     memory_used_mib: int = 0
     ephemeral_used_mib: int = 0
@@ -70,6 +83,15 @@ class NodeState:
     def name(self) -> NodeName:
         """The node's name."""
         return self.node.name
+
+    def copy(self) -> NodeState:
+        """An independent copy (reservations, counts and generation as they are now), for preemption trials on a
+        snapshot (:mod:`gputask.core.snapshot`): changing it leaves this state as it is."""
+        return NodeState(
+            self.node, list(self.reserved_mib), list(self.exclusive), self.position, [dict(g) for g in self.groups],
+            self.grouped, dict(self.tasks), self.pods_used, self.cpu_used, self.memory_used_mib,
+            self.ephemeral_used_mib, self.generation,
+        )
 
     def free_mib(self, pos: int) -> int:
         """Free MiB on the GPU at position ``pos`` (0 when unhealthy or exclusively held)."""
@@ -125,9 +147,9 @@ class NodeState:
 
     @property
     def pods_free(self) -> int | None:
-        """Pod slots left (one per reserved task and per foreign pod), or None when pods are not tracked."""
+        """Pod slots left (one per reserved pod and per foreign pod), or None when pods are not tracked."""
         cap = self.node.pods
-        return None if cap is None else cap - self.node.foreign_use.pods - len(self.tasks)
+        return None if cap is None else cap - self.node.foreign_use.pods - self.pods_used
 
 
 UNTRACKED = 1 << 62
@@ -244,7 +266,7 @@ def _placement_key(state: NodeState) -> tuple[object, ...]:
         node.pods,
         node.foreign_use,
         state.ephemeral_used_mib,
-        len(state.tasks) if node.pods is not None else 0,
+        state.pods_used if node.pods is not None else 0,
         tuple((g.index, g.product, g.memory_mib, g.healthy, g.foreign_mib) for g in node.gpus),
         tuple(state.reserved_mib),
         tuple(state.exclusive),
@@ -273,6 +295,15 @@ class ClusterState:
         for node in nodes:
             self.set_node(node)
 
+    def copy(self) -> ClusterState:
+        """A trial copy: the same nodes and reservations, changed independently of this state (placement of a
+        task of several pods reserves its pods on it one by one). O(nodes)."""
+        out = ClusterState()
+        out._nodes = {name: state.copy() for name, state in self._nodes.items()}
+        out._reservations = dict(self._reservations)
+        out.generation, out.nodes_version = self.generation, self.nodes_version
+        return out
+
     # -- nodes -------------------------------------------------------------------------
     def set_node(self, node: Node) -> list[TaskKey]:
         """Add or update a node, keeping reservations on GPUs that still exist.
@@ -284,18 +315,22 @@ class ClusterState:
         state = NodeState.of(node)
         lost: list[TaskKey] = []
         if old is not None:
-            state.tasks = old.tasks
-            for key, placement in old.tasks.items():
-                exclusive = self._reservations[key].exclusive
-                for slot in placement.gpus:
-                    pos = state.position.get(slot.index)
-                    if pos is None or node.gpus[pos].uuid != slot.uuid:
-                        lost.append(key)
+            state.tasks, state.pods_used = old.tasks, old.pods_used
+            for key in old.tasks:
+                res = self._reservations[key]
+                for pod, placed in zip(res.task.pods, res.placement.pods, strict=True):
+                    if placed.node != node.name:
                         continue
-                    state.reserved_mib[pos] += slot.memory_mib
-                    state.exclusive[pos] = state.exclusive[pos] or exclusive
-                    if not exclusive:
-                        state.hold(pos, self._reservations[key].task.request.share_group, 1)
+                    exclusive = pod.request.exclusive
+                    for slot in placed.gpus:
+                        pos = state.position.get(slot.index)
+                        if pos is None or node.gpus[pos].uuid != slot.uuid:
+                            lost.append(key)
+                            continue
+                        state.reserved_mib[pos] += slot.memory_mib
+                        state.exclusive[pos] = state.exclusive[pos] or exclusive
+                        if not exclusive:
+                            state.hold(pos, pod.request.share_group, 1)
             state.cpu_used, state.memory_used_mib = old.cpu_used, old.memory_used_mib
             state.ephemeral_used_mib = old.ephemeral_used_mib
             state.generation = old.generation + 1
@@ -392,29 +427,58 @@ class ClusterState:
             if force:
                 return
             raise OverCommitError(f"{task.key} is already reserved")
-        state = self.node(placement.node)
-        exclusive, group = task.request.exclusive, task.request.share_group
-        positions = self._known(state, placement) if force else self._check_fits(state, placement, exclusive, group)
-        for pos, slot in positions:
-            state.reserved_mib[pos] += slot.memory_mib
-            state.exclusive[pos] = state.exclusive[pos] or exclusive
-            if not exclusive:
-                state.hold(pos, group, 1)
-        state.cpu_used += task.cpu_milli
-        state.memory_used_mib += task.memory_mib
-        state.ephemeral_used_mib += task.ephemeral_mib
-        state.tasks[task.key] = placement
-        self._reservations[task.key] = Reservation(task, placement, exclusive)
-        self._touched(state)
+        pods = task.pods
+        if len(pods) != len(placement.pods):
+            raise OverCommitError(f"{task.key} has {len(pods)} pods, its placement {len(placement.pods)}")
+        states = [self.node(placed.node) for placed in placement.pods]  # every node known before any change
+        done: list[int] = []
+        try:
+            for i, (pod, placed, state) in enumerate(zip(pods, placement.pods, states, strict=True)):
+                exclusive = pod.request.exclusive
+                positions = (
+                    self._known(state, placed)
+                    if force
+                    else self._check_fits(state, placed, exclusive, pod.request.share_group)
+                )
+                self._apply(state, pod, positions, 1)
+                done.append(i)
+        except OverCommitError:  # all or nothing: undo the pods already reserved
+            for i in reversed(done):
+                self._apply(states[i], pods[i], self._known(states[i], placement.pods[i]), -1)
+            raise
+        self._reservations[task.key] = Reservation(task, placement)
+        if len(states) == 1:
+            states[0].tasks[task.key] = placement.pods[0]
+            self._touched(states[0])
+            return
+        for state in dict.fromkeys(states):
+            slots = tuple(slot for placed in placement.on(state.name) for slot in placed.gpus)
+            state.tasks[task.key] = PodPlacement(state.name, slots)
+            self._touched(state)
 
     @staticmethod
-    def _known(state: NodeState, placement: Placement) -> list[tuple[int, GpuSlot]]:
+    def _apply(state: NodeState, pod: PodSet, positions: list[tuple[int, GpuSlot]], sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) one pod's reservation of ``positions`` on ``state``."""
+        exclusive = pod.request.exclusive
+        for pos, slot in positions:
+            state.reserved_mib[pos] += sign * slot.memory_mib
+            if exclusive:
+                state.exclusive[pos] = sign > 0
+            else:
+                state.hold(pos, pod.request.share_group, sign)
+        state.cpu_used += sign * pod.cpu_milli
+        state.memory_used_mib += sign * pod.memory_mib
+        state.ephemeral_used_mib += sign * pod.ephemeral_mib
+        state.pods_used += sign
+
+    @staticmethod
+    def _known(state: NodeState, placement: PodPlacement) -> list[tuple[int, GpuSlot]]:
         """(position, slot) of the slots that name a GPU the node still has (index and uuid)."""
         found = ((state.position.get(slot.index), slot) for slot in placement.gpus)
         return [(pos, slot) for pos, slot in found if pos is not None and state.node.gpus[pos].uuid == slot.uuid]
 
     def _check_fits(
-        self, state: NodeState, placement: Placement, exclusive: bool, group: str
+        self, state: NodeState, placement: PodPlacement, exclusive: bool, group: str
     ) -> list[tuple[int, GpuSlot]]:
         positions: list[tuple[int, GpuSlot]] = []
         for slot in placement.gpus:
@@ -441,22 +505,18 @@ class ClusterState:
         res = self._reservations.pop(key, None)
         if res is None:
             return None
-        state = self._nodes.get(res.placement.node)
-        if state is not None and state.tasks.pop(key, None) is not None:
-            for slot in res.placement.gpus:
-                pos = state.position.get(slot.index)
-                # A GPU replaced under the same index (set_node) never held this slot's MiB.
-                if pos is not None and state.node.gpus[pos].uuid == slot.uuid:
-                    state.reserved_mib[pos] -= slot.memory_mib
-                    if res.exclusive:
-                        state.exclusive[pos] = False
-                    else:
-                        state.hold(pos, res.task.request.share_group, -1)
-            state.cpu_used -= res.task.cpu_milli
-            state.memory_used_mib -= res.task.memory_mib
-            state.ephemeral_used_mib -= res.task.ephemeral_mib
+        touched = False
+        for name in res.placement.nodes:
+            state = self._nodes.get(name)
+            if state is None or state.tasks.pop(key, None) is None:
+                continue  # its node was removed (and maybe added again, empty)
+            for pod, placed in zip(res.task.pods, res.placement.pods, strict=True):
+                if placed.node == name:
+                    # A GPU replaced under the same index (set_node) never held this slot's MiB: known slots only.
+                    self._apply(state, pod, self._known(state, placed), -1)
             self._touched(state)
-        else:
+            touched = True
+        if not touched:
             self.generation += 1
         return res.placement
 
@@ -472,6 +532,9 @@ class ClusterState:
     def overcommitted(self, placement: Placement) -> bool:
         """Whether a GPU of ``placement`` holds more MiB than it has, is shared while held whole, or is shared by
         two share groups."""
+        return any(self._overcommitted(pod) for pod in placement.pods)
+
+    def _overcommitted(self, placement: PodPlacement) -> bool:
         if not self.has_node(placement.node):
             return False
         state = self.node(placement.node)

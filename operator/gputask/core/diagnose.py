@@ -14,7 +14,6 @@ Units: milli-GPU for ``nvidia.com/gpu``, MiB for GPU memory and host memory, mil
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from gputask.core.cluster import NodeState
 from gputask.core.fit import NO_CONSTRAINTS, Filter, Toleration
@@ -23,9 +22,7 @@ from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
 from gputask.core.preemption import any_preemption, candidates, may_preempt, needing_preemption
 from gputask.core.quota import GPU, Usage
 from gputask.core.reasons import Wait, could_ever_fit, min_usage, need_text, refusals
-
-if TYPE_CHECKING:
-    from gputask.core.scheduler import Scheduler
+from gputask.core.view import SchedulerView
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +130,7 @@ def _amount(value: int, unit: str) -> str:
     return f"{value} MiB"
 
 
-def diagnose(scheduler: Scheduler, key: TaskKey) -> Diagnosis:
+def diagnose(scheduler: SchedulerView, key: TaskKey) -> Diagnosis:
     """Explain task ``key`` as the scheduler sees it now; the state is left unchanged.
 
     A running task is reported ``admitted`` with its node; a key the scheduler does not know, ``unknown``.
@@ -141,7 +138,8 @@ def diagnose(scheduler: Scheduler, key: TaskKey) -> Diagnosis:
     entry = scheduler.running.get(key) or scheduler.nominated.get(key)
     if entry is not None:
         held = entry.task
-        return Diagnosis(key, "admitted", held.queue, held.local_queue, held.priority, node=entry.placement.node)
+        return Diagnosis(key, "admitted", held.queue, held.local_queue, held.priority,
+                         node=", ".join(entry.placement.nodes))
     task = scheduler.pending.get(key)
     if task is None:
         return Diagnosis(key, "unknown")
@@ -180,9 +178,9 @@ def change_for(gate: Wait) -> str:
     return f"{action} ({message})" if message else action
 
 
-def _flavor_view(scheduler: Scheduler, task: Task) -> FlavorView:
+def _flavor_view(scheduler: SchedulerView, task: Task) -> FlavorView:
     quotas = scheduler.quotas
-    least = min_usage(task, scheduler.health.largest_gpu_mib)
+    least = min_usage(task, scheduler.largest_gpu_mib)
     verdicts = []
     charges: list[Usage] = []
     for state in scheduler.cluster.sorted_nodes():
@@ -205,7 +203,7 @@ def _flavor_view(scheduler: Scheduler, task: Task) -> FlavorView:
     return FlavorView(task.flavor, tuple(lines), tuple(verdicts), _preemption(scheduler, task, least), ever)
 
 
-def _preemption(scheduler: Scheduler, task: Task, least: dict[str, int]) -> PreemptionView:
+def _preemption(scheduler: SchedulerView, task: Task, least: dict[str, int]) -> PreemptionView:
     quotas = scheduler.quotas
     spec = quotas.specs[task.queue]
     if not any_preemption(spec):
@@ -230,13 +228,13 @@ def _preemption(scheduler: Scheduler, task: Task, least: dict[str, int]) -> Pree
             "one node within quota"
         )
     victims = tuple(
-        Victim(v.task.key, v.placement.node, v.task.priority, v.task.queue)
+        Victim(v.task.key, ", ".join(v.placement.nodes), v.task.priority, v.task.queue)
         for v in sorted(plan.victims, key=lambda v: v.task.key)
     )
-    return PreemptionView(victims=victims, node=plan.placement.node)
+    return PreemptionView(victims=victims, node=", ".join(plan.placement.nodes))
 
 
-def _no_candidates(scheduler: Scheduler, task: Task) -> str:
+def _no_candidates(scheduler: SchedulerView, task: Task) -> str:
     spec = scheduler.quotas.specs[task.queue]
     policy = spec.preemption
     own = [e.task for e in scheduler.running.values() if e.task.queue == task.queue]
@@ -256,7 +254,7 @@ def _no_candidates(scheduler: Scheduler, task: Task) -> str:
     return "no running task it may preempt: " + "; ".join(parts)
 
 
-def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
+def _changes(scheduler: SchedulerView, task: Task, view: FlavorView) -> list[str]:
     """The smallest change per kind of obstacle, each checked on the node it names; a change that is not enough
     alone says what else it needs."""
     where = f" (flavor {task.flavor})" if task.flavor else ""
@@ -273,6 +271,8 @@ def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
                     f"{describe_key(line.resource)} (raise nominalQuota or borrowingLimit, or wait for its "
                     f"running tasks to finish){alone}"
                 )
+    if not task.single_pod:  # the changes below reshape one pod on one node; a task of several pods: not yet
+        return out
     if fitting:
         smaller = _within_quota(scheduler, task, view, where)
         return out + ([smaller] if smaller else [])  # a node holds it now: only quota keeps it out
@@ -290,7 +290,7 @@ def _changes(scheduler: Scheduler, task: Task, view: FlavorView) -> list[str]:
     return out + found
 
 
-def _within_quota(scheduler: Scheduler, task: Task, view: FlavorView, where: str) -> str | None:
+def _within_quota(scheduler: SchedulerView, task: Task, view: FlavorView, where: str) -> str | None:
     """For a memory request that fits a node but not the quota left: the largest per-GPU request that the quota
     left allows on one of those nodes (checked by placing it there), else None."""
     req = task.request
@@ -305,7 +305,7 @@ def _within_quota(scheduler: Scheduler, task: Task, view: FlavorView, where: str
             continue
         left = scheduler.quotas.available(task.queue, refused) or 0
         state = scheduler.cluster.node(NodeName(verdict.node))
-        cards = [state.node.gpus[state.position[s.index]].memory_mib for s in placement.gpus]
+        cards = [state.node.gpus[state.position[s.index]].memory_mib for s in placement.only().gpus]
         per_gpu = left // req.count  # milli-GPU (or MiB) each GPU may charge
         if split_key(refused)[0] == GPU:
             mib = min(per_gpu * (task.card_mib or card) // MILLI_PER_GPU for card in cards)
@@ -322,7 +322,7 @@ def _within_quota(scheduler: Scheduler, task: Task, view: FlavorView, where: str
     return f"request: gpuMemory {best[0]}Mi or less (per GPU) fits the quota left, on node {best[1]}{where}"
 
 
-def _quota_note(scheduler: Scheduler, task: Task, node: str) -> str:
+def _quota_note(scheduler: SchedulerView, task: Task, node: str) -> str:
     """``""`` when quota allows what ``task`` would charge on ``node``, else what quota must also give."""
     _, charge, refused = scheduler.try_place(task, NodeName(node))
     if charge is None or refused is None:
@@ -339,7 +339,7 @@ def _only(state: NodeState, task: Task, kind: Filter) -> bool:
     return bool(found) and all(r.filter is kind for r in found)
 
 
-def _gpu_changes(scheduler: Scheduler, states: list[NodeState], task: Task, where: str) -> list[str]:
+def _gpu_changes(scheduler: SchedulerView, states: list[NodeState], task: Task, where: str) -> list[str]:
     """For nodes only the GPU filter refuses: the largest request that fits now, and the least memory to free."""
     req = task.request
     best_fit: tuple[int, str] | None = None  # (per-GPU MiB that fits now, node)
@@ -394,7 +394,7 @@ def _gpu_changes(scheduler: Scheduler, states: list[NodeState], task: Task, wher
     return out
 
 
-def _static_changes(scheduler: Scheduler, states: list[NodeState], task: Task, where: str) -> list[str]:
+def _static_changes(scheduler: SchedulerView, states: list[NodeState], task: Task, where: str) -> list[str]:
     """A taint to tolerate, or a selector to relax, that alone would let a node take the task now."""
     constraints = task.constraints or NO_CONSTRAINTS
     tolerant = replace(task, constraints=replace(constraints, tolerations=(*constraints.tolerations, Toleration(
@@ -423,7 +423,7 @@ def _static_changes(scheduler: Scheduler, states: list[NodeState], task: Task, w
     return out
 
 
-def _host_changes(scheduler: Scheduler, states: list[NodeState], task: Task, where: str) -> list[str]:
+def _host_changes(scheduler: SchedulerView, states: list[NodeState], task: Task, where: str) -> list[str]:
     """Host resources (cpu, memory) the task asks beyond the nearest node's free allocatable."""
     best: tuple[int, str, str] | None = None
     for state in states:

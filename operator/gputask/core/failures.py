@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gputask.core.cluster import NodeState
-from gputask.core.model import NodeName, Placement, TaskKey
+from gputask.core.model import NodeName, PodPlacement, TaskKey
 from gputask.core.reasons import Reason
 
 NODE_FAILURE, GPU_FAILURE = Reason.NODE_FAILURE, Reason.GPU_FAILURE
@@ -67,10 +67,10 @@ class FailureTracker:
 
 
 def tasks_on_bad_gpus(state: NodeState) -> list[TaskKey]:
-    """Tasks placed on a GPU of ``state`` that is unhealthy or no longer reported (by UUID)."""
+    """Tasks with a pod placed on a GPU of ``state`` that is unhealthy or no longer reported (by UUID)."""
     healthy = {(g.index, g.uuid) for g in state.node.gpus if g.healthy}
     return sorted(key for key, placement in state.tasks.items() if not _all_on(placement, healthy))
 
 
-def _all_on(placement: Placement, healthy: set[tuple[int, str]]) -> bool:
+def _all_on(placement: PodPlacement, healthy: set[tuple[int, str]]) -> bool:
     return all((slot.index, slot.uuid) in healthy for slot in placement.gpus)

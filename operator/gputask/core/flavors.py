@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gputask.core.fit import Constraints, Taint, Toleration
-from gputask.core.model import Node, Placement, Task
+from gputask.core.model import Node, PodPlacement, PodSet, Task
 
 SEPARATOR = "@"
 """Between a resource name and its flavor in a quota key; neither names may contain it."""
@@ -65,7 +65,16 @@ def describe_key(key: str) -> str:
 
 def ineligible(task: Task, flavor: Flavor) -> str | None:
     """Why ``task`` cannot use ``flavor`` whatever the nodes (Kueue's flavor assigner: an untolerated
-    node taint; here also no product in common), else None."""
+    node taint; here also no product in common), else None. A task of several PodSets: the first PodSet's
+    reason (every PodSet must be able to use it)."""
+    for pod in task.podsets:
+        why = _pod_ineligible(pod, flavor)
+        if why is not None:
+            return why
+    return None
+
+
+def _pod_ineligible(task: PodSet, flavor: Flavor) -> str | None:
     products = task.request.products
     if flavor.gpu_products and products and not (products & flavor.gpu_products):
         return f"covers GPU products {sorted(flavor.gpu_products)}, the task allows {sorted(products)}"
@@ -82,27 +91,34 @@ def variant(task: Task, flavor: Flavor) -> Task:
     joined to its node selector, the flavor's tolerations to its own, its products narrowed, and
     ``flavor``/``card_mib`` set so its quota is charged in that flavor; ``unflavored`` keeps the task."""
     base = task.unflavored or task
-    own = base.constraints
+    pods = tuple(_pod_variant(pod, flavor) for pod in base.podsets)
+    return replace(
+        base,
+        request=pods[0].request,
+        constraints=pods[0].constraints,
+        flavor=flavor.name,
+        card_mib=flavor.gpu_memory_mib,
+        unflavored=base,
+        pod_sets=pods if base.pod_sets else (),
+    )
+
+
+def _pod_variant(pod: PodSet, flavor: Flavor) -> PodSet:
+    """One PodSet narrowed to ``flavor`` (:func:`variant`)."""
+    own = pod.constraints
     constraints = Constraints(
         node_selector=tuple(sorted(set(own.node_selector if own else ()) | set(flavor.node_labels))),
         terms=own.terms if own else None,
         tolerations=(own.tolerations if own else ()) + flavor.tolerations,
     )
-    products = base.request.products
+    products = pod.request.products
     if flavor.gpu_products:
         products = (products & flavor.gpu_products) if products else flavor.gpu_products
-    return replace(
-        base,
-        request=replace(base.request, products=products),
-        constraints=constraints,
-        flavor=flavor.name,
-        card_mib=flavor.gpu_memory_mib,
-        unflavored=base,
-    )
+    return replace(pod, request=replace(pod.request, products=products), constraints=constraints)
 
 
-def holds(flavor: Flavor, node: Node, placement: Placement) -> bool:
-    """True when ``placement`` on ``node`` lies in ``flavor``: the node carries its labels and every
+def holds(flavor: Flavor, node: Node, placement: PodPlacement) -> bool:
+    """True when one pod's ``placement`` on ``node`` lies in ``flavor``: the node carries its labels and every
     placed GPU is of one of its products (for work found running at a restart)."""
     labels = dict(node.labels)
     if any(labels.get(k) != v for k, v in flavor.node_labels):

@@ -77,11 +77,15 @@ class NodeHealth:
         self.failures.node_up(name)
 
     def restored(self, key: TaskKey, placement: Placement) -> None:
-        """A restored placement on a failed GPU or a vanished node is noticed at once."""
-        if not self.cluster.has_node(placement.node):
-            self.failures.notify([key], NODE_FAILURE, f"node {placement.node} is not in the cluster any more")
-        elif key in tasks_on_bad_gpus(self.cluster.node(placement.node)):
-            self.failures.notify([key], GPU_FAILURE, f"a GPU of node {placement.node} failed or disappeared")
+        """A restored placement with a pod on a failed GPU or a vanished node is noticed at once (the first such
+        node in pod order names it)."""
+        for node in placement.nodes:
+            if not self.cluster.has_node(node):
+                self.failures.notify([key], NODE_FAILURE, f"node {node} is not in the cluster any more")
+                return
+            if key in tasks_on_bad_gpus(self.cluster.node(node)):
+                self.failures.notify([key], GPU_FAILURE, f"a GPU of node {node} failed or disappeared")
+                return
 
     def expired(self, now: float) -> None:
         """Notice the tasks of nodes NotReady for longer than the grace period at ``now``."""

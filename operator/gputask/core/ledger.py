@@ -22,8 +22,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from gputask.core.cluster import ClusterState
-from gputask.core.model import GpuRequest, NodeName, Placement, Task, TaskKey
-from gputask.core.quota import QuotaBook, Usage, usage_of
+from gputask.core.model import (
+    MAIN_POD_SET,
+    GpuRequest,
+    GpuSlot,
+    NodeName,
+    Placement,
+    PodPlacement,
+    PodSet,
+    Task,
+    TaskKey,
+)
+from gputask.core.quota import QuotaBook, Usage, placement_usage
 
 HOLD_PRIORITY = 2**31 - 1
 
@@ -105,10 +115,16 @@ class Ledger:
 
     # -- making reservations -------------------------------------------------------------------
     def usage(self, placement: Placement, task: Task | None = None) -> Usage:
-        """What ``placement`` charges on its node's devices (milli-GPU, MiB), in ``task``'s flavor."""
-        state = self.cluster.node(placement.node)
-        memory = {g.index: g.memory_mib for g in state.node.gpus}
-        return usage_of(placement, memory, task.flavor, task.card_mib) if task else usage_of(placement, memory)
+        """What ``placement`` charges on its nodes' devices (milli-GPU, MiB), summed over its pods, in ``task``'s
+        flavor. A GPU on a node the cluster does not hold counts whole (:func:`~gputask.core.quota.usage_of`)."""
+        cluster = self.cluster
+
+        def memory_of(name: NodeName) -> dict[int, int]:
+            return {g.index: g.memory_mib for g in cluster.node(name).node.gpus} if cluster.has_node(name) else {}
+
+        if task is None:
+            return placement_usage(placement, memory_of)
+        return placement_usage(placement, memory_of, task.flavor, task.card_mib)
 
     def admit(self, task: Task, placement: Placement, now: float, *, charge: bool = True) -> Entry:
         """Reserve ``placement`` and charge the queue; raises OverCommitError when it does not fit."""
@@ -127,10 +143,10 @@ class Ledger:
     def restore(self, task: Task, placement: Placement, admitted_at: float, *, charge: bool = True) -> Entry:
         """Record work that already runs (after a restart) even if it over-commits: never refused.
 
-        A placement on a node the cluster does not hold is recorded without a reservation (the
-        caller evicts it as a node failure).
+        A placement with a pod on a node the cluster does not hold is recorded without a reservation (the
+        caller evicts it as a node failure: every pod goes).
         """
-        if self.cluster.has_node(placement.node):
+        if all(self.cluster.has_node(name) for name in placement.nodes):
             entry = self._book(task, placement, admitted_at, charge=charge, force=True)
         else:
             entry = Entry(task, placement, {}, admitted_at, charged=charge)
@@ -142,33 +158,48 @@ class Ledger:
 
         With ``fit`` each GPU holds only what is free on it now, healthy or not, at most the slot's MiB (the
         part a nominated preemptor took is its own; a failed GPU's old pods still run on it); without it the
-        whole placement is recorded even if it over-commits (found at a restart). Returns what is held, None
-        when nothing is.
+        whole placement is recorded even if it over-commits (found at a restart). Pods on nodes the cluster does
+        not hold, and pods left with no GPU, are not held. Returns what is held, None when nothing is.
         """
-        if key in self.held or not self.cluster.has_node(placement.node):
+        if key in self.held:
             return None
-        slots = placement.gpus
+        pods = tuple(kept for pod in placement.pods if (kept := self._holdable(pod, fit=fit)) is not None)
+        if not pods:
+            return None
+        held = Placement(pods)
+        shapes = tuple(  # shared, never exclusive; one PodSet per pod (each its own GPU count)
+            PodSet(f"{MAIN_POD_SET}-{i}" if i else MAIN_POD_SET, 1,
+                   GpuRequest(len(pod.gpus), memory_mib=max(s.memory_mib for s in pod.gpus)))
+            for i, pod in enumerate(pods)
+        )
+        if len(shapes) == 1:
+            task = Task(key, "", shapes[0].request, priority=HOLD_PRIORITY)
+        else:
+            task = Task.of_pod_sets(key, "", shapes, priority=HOLD_PRIORITY)
+        self.cluster.reserve(task, held, force=True)
+        self.held[key] = held
+        self.version += 1
+        return held
+
+    def _holdable(self, pod: PodPlacement, *, fit: bool) -> PodPlacement | None:
+        """What :meth:`hold` keeps of one pod: None when its node is unknown or no GPU is left."""
+        if not self.cluster.has_node(pod.node):
+            return None
+        slots: tuple[GpuSlot, ...] = pod.gpus
         if fit:
-            state = self.cluster.node(placement.node)
+            state = self.cluster.node(pod.node)
             clipped = (
                 replace(slot, memory_mib=min(slot.memory_mib, state.room_mib(state.position[slot.index])))
                 for slot in slots
                 if slot.index in state.position and state.node.gpus[state.position[slot.index]].uuid == slot.uuid
             )
             slots = tuple(slot for slot in clipped if slot.memory_mib > 0)
-        if not slots:
-            return None
-        held = Placement(placement.node, slots)
-        request = GpuRequest(len(slots), memory_mib=max(s.memory_mib for s in slots))  # shared, never exclusive
-        self.cluster.reserve(Task(key, "", request, priority=HOLD_PRIORITY), held, force=True)
-        self.held[key] = held
-        self.version += 1
-        return held
+        return PodPlacement(pod.node, slots) if slots else None
 
     def release_holds_on(self, node: NodeName) -> list[TaskKey]:
         """Release every hold on ``node`` (its Node is deleted: what ran there is gone with it); returns their keys,
         sorted."""
-        keys = sorted(key for key, placement in self.held.items() if placement.node == node)
+        keys = sorted(key for key, placement in self.held.items() if node in placement.nodes)
         for key in keys:
             self.release(key)
         return keys

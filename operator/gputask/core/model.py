@@ -1,4 +1,4 @@
-"""Value types of the core: GPUs, nodes, task requests, tasks and placements.
+"""Value types of the core: GPUs, nodes, task requests, PodSets, tasks and placements.
 
 Units: GPU memory in MiB (int), GPU shares in milli-GPU (1000 = one whole GPU),
 CPU in millicores, host memory in MiB, times in seconds (float, any epoch).
@@ -8,8 +8,8 @@ cluster state, snapshots and decisions without copying.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NewType
+from dataclasses import dataclass, field, replace
+from typing import Any, NewType
 
 from gputask.core.fit import Constraints, Taint
 
@@ -154,14 +154,39 @@ class GpuRequest:
         return product in self.products if self.products else MIG_PRODUCT_MARK not in product
 
 
+MAIN_POD_SET = "main"
+"""The name of the one PodSet of a task given by its shorthand fields (every GPUTask today)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    """``count`` alike pods of a task (Kueue's ``PodSet``), each needing ``request`` on its node, and
+    ``cpu_milli`` (millicores), ``memory_mib`` and ``ephemeral_mib`` (MiB) of host resources as
+    kube-scheduler reckons them, on a node that meets ``constraints`` (None: any node without an
+    untolerated taint)."""
+
+    name: str
+    count: int
+    request: GpuRequest
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    ephemeral_mib: int = 0
+    constraints: Constraints | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """A unit of work to admit and place.
 
-    ``created`` orders tasks of equal priority (seconds); ``cpu_milli``/``memory_mib``/``ephemeral_mib``
-    are its pod's requests as kube-scheduler reckons them (0 when not tracked); ``constraints`` what
-    its pod template requires of a node (selector, affinity, tolerations; None: nothing, so no taint
-    is tolerated); ``namespace_labels`` feeds queues' namespaceSelector. A task is one pod.
+    A task runs as the pods of its PodSets (:attr:`podsets`, Kueue's ``Workload.spec.podSets``). With
+    ``pod_sets`` empty (every GPUTask today) it is one PodSet :data:`MAIN_POD_SET` of one pod, whose
+    shape the shorthand fields give: ``request`` (its GPUs), ``cpu_milli``/``memory_mib``/``ephemeral_mib``
+    (its requests as kube-scheduler reckons them, 0 when not tracked) and ``constraints`` (what its pod
+    template requires of a node: selector, affinity, tolerations; None: nothing, so no taint is
+    tolerated). With ``pod_sets`` given (build it with :meth:`of_pod_sets`) the shorthand fields are
+    the first PodSet's pod shape, checked on construction: code that places, charges or frees a task
+    reads :attr:`pods`, never the shorthand alone. ``created`` orders tasks of equal priority (seconds);
+    ``namespace_labels`` feeds queues' namespaceSelector.
     ``queue`` is the GPUClusterQueue that admits and charges it; ``local_queue`` the GPULocalQueue of
     the task's namespace it named, which resolved to ``queue`` (None: it named ``queue`` directly).
     ``flavor`` is the ResourceFlavor it is tried or admitted in (``""``: the queue's implicit one),
@@ -184,11 +209,71 @@ class Task:
     flavor: str = ""
     card_mib: int | None = None
     unflavored: Task | None = None
+    pod_sets: tuple[PodSet, ...] = ()
+
+    def __post_init__(self) -> None:
+        first = self.pod_sets[0] if self.pod_sets else None
+        if first is not None and (first.request, first.cpu_milli, first.memory_mib, first.ephemeral_mib,
+                                  first.constraints) != (self.request, self.cpu_milli, self.memory_mib,
+                                                         self.ephemeral_mib, self.constraints):
+            raise ValueError(f"{self.key}: the shorthand pod shape differs from PodSet {self.pod_sets[0].name!r}")
+
+    @classmethod
+    def of_pod_sets(cls, key: TaskKey, queue: str, pod_sets: tuple[PodSet, ...], **fields: Any) -> Task:
+        """A task of ``pod_sets`` (one or more, names unique, counts >= 1); ``fields`` are the other fields.
+
+        Raises ValueError for no PodSet, a repeated name or a count below 1.
+        """
+        if not pod_sets or len({p.name for p in pod_sets}) != len(pod_sets) or any(p.count < 1 for p in pod_sets):
+            raise ValueError(f"{key}: PodSets need unique names and counts >= 1, got {pod_sets!r}")
+        first = pod_sets[0]
+        task = cls(key, queue, first.request, cpu_milli=first.cpu_milli, memory_mib=first.memory_mib,
+                   ephemeral_mib=first.ephemeral_mib, constraints=first.constraints, pod_sets=pod_sets)
+        return replace(task, **fields) if fields else task
+
+    @property
+    def main(self) -> PodSet:
+        """The one-pod PodSet :data:`MAIN_POD_SET` the shorthand fields describe."""
+        return PodSet(MAIN_POD_SET, 1, self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib,
+                      self.constraints)
+
+    @property
+    def podsets(self) -> tuple[PodSet, ...]:
+        """The task's PodSets in order: ``pod_sets``, or the one :attr:`main` PodSet."""
+        return self.pod_sets or (self.main,)
+
+    @property
+    def pods(self) -> tuple[PodSet, ...]:
+        """The PodSet of each pod, in PodSet and index order (a PodSet of count n appears n times): the order
+        of :attr:`Placement.pods`."""
+        if not self.pod_sets:
+            return (self.main,)
+        return tuple(p for p in self.pod_sets for _ in range(p.count))
+
+    @property
+    def pod_count(self) -> int:
+        """How many pods the task runs (1 for a one-pod task)."""
+        return sum(p.count for p in self.pod_sets) if self.pod_sets else 1
+
+    @property
+    def single_pod(self) -> bool:
+        """True for a task of one pod (then :attr:`main` is its whole shape)."""
+        return self.pod_count == 1
+
+    def pod_task(self, pod: PodSet) -> Task:
+        """A one-pod task of ``pod``'s shape with this task's key, queue, priority and flavor: what placement
+        filters and scores for one pod of this task."""
+        if not self.pod_sets:
+            return self
+        return replace(self, request=pod.request, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib,
+                       ephemeral_mib=pod.ephemeral_mib, constraints=pod.constraints, pod_sets=())
 
     @property
     def fit_key(self) -> tuple[object, ...]:
         """Everything placement and quota read of the task: two tasks with equal keys fit the same nodes alike
         and charge the same quota (the flavor is part of it: two flavors alike to placement differ in quota)."""
+        if self.pod_sets:
+            return (self.pod_sets, self.flavor, self.card_mib)
         if self.flavor:
             return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints, self.flavor,
                     self.card_mib)
@@ -211,8 +296,8 @@ class GpuSlot:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
-    """A concrete placement: one node and the exact GPUs (with MiB on each)."""
+class PodPlacement:
+    """Where one pod runs: its node and the exact GPUs (with MiB on each)."""
 
     node: NodeName
     gpus: tuple[GpuSlot, ...]
@@ -221,3 +306,34 @@ class Placement:
     def indices(self) -> tuple[int, ...]:
         """GPU indices in placement order."""
         return tuple(g.index for g in self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A concrete placement of a whole task: one :class:`PodPlacement` per pod, in the order of
+    :attr:`Task.pods` (PodSet, then index). Never partial: every pod has its node and GPUs."""
+
+    pods: tuple[PodPlacement, ...]
+
+    @classmethod
+    def one(cls, node: NodeName, gpus: tuple[GpuSlot, ...]) -> Placement:
+        """The placement of a one-pod task on ``node``."""
+        return cls((PodPlacement(node, gpus),))
+
+    @property
+    def nodes(self) -> tuple[NodeName, ...]:
+        """The nodes the pods run on, each once, in pod order."""
+        if len(self.pods) == 1:
+            return (self.pods[0].node,)
+        return tuple(dict.fromkeys(p.node for p in self.pods))
+
+    def only(self) -> PodPlacement:
+        """The one pod of a one-pod placement (a GPUTask's Job, its status and annotations name one node);
+        raises ValueError for a placement of several pods."""
+        if len(self.pods) != 1:
+            raise ValueError(f"a placement of {len(self.pods)} pods has no single node")
+        return self.pods[0]
+
+    def on(self, node: NodeName) -> tuple[PodPlacement, ...]:
+        """The pods placed on ``node``."""
+        return tuple(p for p in self.pods if p.node == node)

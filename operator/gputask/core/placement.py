@@ -16,33 +16,43 @@ lookup, not a scan. Other policies (random) first keep the nodes whose aggregate
 :class:`NodeIndex` allow a fit (a necessary condition, checked in C over the columns), then
 visit them. None of this changes the result; property tests compare it with a plain scan.
 A quota check is asked once per distinct set of picked GPU sizes (:data:`QuotaCheck`).
+
+A task of several pods (:attr:`~gputask.core.model.Task.pods`) is placed all or nothing
+(:func:`_find_pods`): pod by pod on a trial copy of the cluster, each pod seeing what the earlier
+pods of the task took (pods may share a node), and admitted only when every pod has its node and
+GPUs; the live cluster never holds part of it.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress, repeat
 from operator import ge
 from typing import TYPE_CHECKING, Protocol
 
 from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
 from gputask.core.fit import static_refusal
-from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, Task
+from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, PodPlacement, Task, TaskKey
 from gputask.core.search import Evaluation, board_for, refuser
 
 if TYPE_CHECKING:
     from gputask.core.policies.workload import TaskShape
 
-QuotaCheck = Callable[[NodeState, Placement], "str | None"]
-"""Returns None when a candidate placement fits quota, else the name of the resource that binds.
+QuotaCheck = Callable[[NodeState, PodPlacement], "str | None"]
+"""Returns None when a candidate placement of a one-pod task fits quota, else the name of the resource that binds.
 
 Contract: the answer depends only on the task and the sizes (MiB) of the GPUs the placement
 picks (so on the MiB it puts on each), as quota usage does (``usage_of``); never on the node's
 name, GPU indices or uuids, or on other nodes. :func:`find_placement` therefore asks it once per
 distinct set of picked GPU sizes in a search and reuses the answer for alike candidates.
 """
+
+
+TotalQuotaCheck = Callable[[Placement], "str | None"]
+"""The quota test of a whole placement of a task of several pods (its pods' usage summed): None when it fits,
+else the name of the resource that binds."""
 
 
 def feasible_gpus(state: NodeState, task: Task) -> list[int]:
@@ -356,6 +366,7 @@ def find_placement(
     quota: QuotaCheck | None = None,
     nodes: Sequence[NodeState] | None = None,
     refused_anyway: bool = False,
+    total_quota: TotalQuotaCheck | None = None,
 ) -> Outcome:
     """Find the best placement of ``task`` over ``nodes`` (default: every node, name order).
 
@@ -365,7 +376,12 @@ def find_placement(
     usage): a board search then only looks for the node a refusal is reported for, instead of
     asking ``quota`` about every fitting node; the outcome is the same. Pure: the cluster is not
     changed (only its caches).
+
+    A task of several pods is placed by :func:`_find_pods`: ``quota`` is not asked (it judges one pod);
+    ``total_quota`` judges the whole placement once every pod has one.
     """
+    if not task.single_pod:
+        return _find_pods(cluster, task, policy, total_quota=total_quota, nodes=nodes)
     req = task.request
     search = _Search()
     policy.prepare(cluster, task)
@@ -387,8 +403,44 @@ def find_placement(
         product_seen = not req.products or any(req.allows(g.product) for s in nodes for g in s.node.gpus)
     if search.best is not None:
         state, picked = search.best[2], search.best[3]
-        return Outcome(Placement(state.name, slots_for(state, task, picked)), True)
+        return Outcome(Placement.one(state.name, slots_for(state, task, picked)), True)
     return Outcome(None, search.fits_somewhere, search.quota_resource, product_seen)
+
+
+def _find_pods(
+    cluster: ClusterState,
+    task: Task,
+    policy: Policy,
+    *,
+    total_quota: TotalQuotaCheck | None,
+    nodes: Sequence[NodeState] | None,
+) -> Outcome:
+    """All-or-nothing placement of a task of several pods (Kueue's all-or-nothing admission of a Workload's
+    PodSets; gang scheduling as in coscheduling and Volcano).
+
+    Each pod, in :attr:`Task.pods` order, gets the policy's best node on a trial copy of ``cluster`` in which
+    the earlier pods of the task are reserved (as one-pod tasks), so it sees the GPUs and host resources
+    they took and may share a node with them. The outcome holds a placement only when every pod got one and
+    ``total_quota`` (if given) allows the whole; else ``fits_somewhere`` says whether every pod fitted
+    physically and ``quota_resource`` names the quota that refused. ``cluster`` is not changed.
+    """
+    trial = cluster.copy()
+    names = None if nodes is None else [s.name for s in nodes]
+    pods: list[PodPlacement] = []
+    for i, pod in enumerate(task.pods):
+        one = replace(task.pod_task(pod), key=TaskKey(f"{task.key}#{i}"))
+        scope = None if names is None else [trial.node(name) for name in names]
+        found = find_placement(trial, one, policy, nodes=scope)
+        if found.placement is None:
+            return Outcome(None, False, None, found.product_seen)
+        placed = found.placement.only()
+        trial.reserve(one, found.placement)
+        pods.append(placed)
+    placement = Placement(tuple(pods))
+    refused = None if total_quota is None else total_quota(placement)
+    if refused is not None:
+        return Outcome(None, True, refused)
+    return Outcome(placement, True)
 
 
 def _choose(state: NodeState, task: Task, policy: Policy) -> tuple[int, ...] | None:
@@ -413,7 +465,7 @@ def _consider(
     """Quota-check and score one fitting node; True when the search should stop here."""
     search.fits_somewhere = True
     if quota is not None:
-        refused = quota(state, Placement(state.name, slots_for(state, task, picked)))
+        refused = quota(state, PodPlacement(state.name, slots_for(state, task, picked)))
         if refused is not None:
             search.quota_resource = search.quota_resource or refused
             return False

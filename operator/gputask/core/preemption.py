@@ -31,8 +31,9 @@ Unlike Kueue, victims are chosen on ONE node so that the preemptor really fits t
 counts quota only): each step above runs per node over that node's candidates, "fits" also
 asks for a placement on that node, and the node whose victim set is smallest, then has the
 lowest priorities, then the most recently admitted, wins; ties go to the smallest name. On a
-single node with room for everything this is Kueue's answer exactly. Planning works on the live
-state with undo steps: it leaves the state exactly as it found it.
+single node with room for everything this is Kueue's answer exactly. Planning works on a snapshot
+(:mod:`gputask.core.snapshot`, as Kueue's preemptor works on its cycle's snapshot) with undo steps; the
+cache is never touched.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.fit import static_refusal
 from gputask.core.ledger import Entry
-from gputask.core.model import GpuSlot, Placement, Task
+from gputask.core.model import GpuSlot, Placement, PodPlacement, Task
 from gputask.core.placement import Policy, QuotaCheck, find_placement
 from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
 
@@ -76,7 +77,7 @@ class Victim:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Preempt ``victims`` on ``placement.node`` so ``placement`` fits the preemptor."""
+    """Preempt ``victims`` (each with every pod of it) so ``placement``, on one node, fits the preemptor."""
 
     placement: Placement
     victims: tuple[Victim, ...]
@@ -147,7 +148,8 @@ class _Run:
 
 
 class Planner:
-    """Plans one preemption on the live cluster and quota book, undoing every trial step."""
+    """Plans one preemption on the cluster and quota book it is given (the cycle gives it a snapshot,
+    :class:`~gputask.core.snapshot.Trial`), undoing every trial step."""
 
     def __init__(self, cluster: ClusterState, quotas: QuotaBook, policy: Policy) -> None:
         self.cluster = cluster
@@ -202,8 +204,9 @@ class Planner:
         differently on each call, so it is never recomputed).
         """
         by_node: dict[str, list[Victim]] = {}
-        for victim in found:
-            by_node.setdefault(victim.placement.node, []).append(victim)
+        for victim in found:  # a victim of several pods is a candidate on each of its nodes; it goes whole
+            for node in victim.placement.nodes:
+                by_node.setdefault(node, []).append(victim)
         best: tuple[tuple[object, ...], Plan] | None = None
         for name in sorted(by_node):
             state = self.cluster.node(name)  # type: ignore[arg-type]
@@ -341,7 +344,7 @@ class Planner:
         if run.share_below is None or run.placement is None:
             return True
         gpus = run.state.node.gpus
-        usage = usage_of(run.placement, {g.index: g.memory_mib for g in gpus}, task.flavor, task.card_mib)
+        usage = usage_of(run.placement.only(), {g.index: g.memory_mib for g in gpus}, task.flavor, task.card_mib)
         if self.quotas.share(task.queue, usage) < run.share_below:
             return True
         return self.quotas.beyond_nominal(task.queue, usage) is None and not self.quotas.is_borrowing(task.queue)
@@ -373,7 +376,7 @@ class Planner:
         resource it does not fit, else None."""
         name = task.queue
 
-        def check(state: NodeState, placement: Placement) -> str | None:
+        def check(state: NodeState, placement: PodPlacement) -> str | None:
             usage = usage_of(placement, {g.index: g.memory_mib for g in state.node.gpus}, task.flavor, task.card_mib)
             refused = self.quotas.refuses(name, usage)
             if refused is None and not allow_borrowing:
@@ -388,7 +391,8 @@ class Planner:
         req = task.request
         gpus = sorted((g for g in state.node.gpus if req.allows(g.product)), key=lambda g: -g.memory_mib)
         slots = tuple(GpuSlot(g.index, g.uuid, req.mib_on(g)) for g in gpus[: req.count])
-        return usage_of(Placement(state.name, slots), {g.index: g.memory_mib for g in gpus}, task.flavor, task.card_mib)
+        memory = {g.index: g.memory_mib for g in gpus}
+        return usage_of(PodPlacement(state.name, slots), memory, task.flavor, task.card_mib)
 
 
 def _strategy(name: str, preemptor_new: float, victim_queue_old: float, victim_queue_new: float) -> bool:
@@ -451,24 +455,29 @@ def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bo
     mib = [0] * len(node.gpus)
     held = [False] * len(node.gpus)
     groups_left = [dict(g) for g in state.groups]  # shared reservations per share group once the victims are gone
+    pods_freed = 0
     for victim in victims:
-        freed["cpu"] += victim.task.cpu_milli
-        freed["memory"] += victim.task.memory_mib
-        freed["storage"] += victim.task.ephemeral_mib
-        for slot in victim.placement.gpus:
-            pos = state.position.get(slot.index)
-            if pos is not None and node.gpus[pos].uuid == slot.uuid:
-                mib[pos] += slot.memory_mib
-                held[pos] = True
-                if not victim.task.request.exclusive:
-                    group = victim.task.request.share_group
-                    groups_left[pos][group] = groups_left[pos].get(group, 0) - 1
+        for pod, placed in zip(victim.task.pods, victim.placement.pods, strict=True):
+            if placed.node != state.name:
+                continue  # a victim's pod on another node frees nothing here
+            pods_freed += 1
+            freed["cpu"] += pod.cpu_milli
+            freed["memory"] += pod.memory_mib
+            freed["storage"] += pod.ephemeral_mib
+            for slot in placed.gpus:
+                pos = state.position.get(slot.index)
+                if pos is not None and node.gpus[pos].uuid == slot.uuid:
+                    mib[pos] += slot.memory_mib
+                    held[pos] = True
+                    if not pod.request.exclusive:
+                        group = pod.request.share_group
+                        groups_left[pos][group] = groups_left[pos].get(group, 0) - 1
     for free, need, key in ((state.cpu_free, task.cpu_milli, "cpu"), (state.memory_free_mib, task.memory_mib, "memory"),
                             (state.ephemeral_free_mib, task.ephemeral_mib, "storage")):
         if free is not None and need > free + freed[key]:
             return False
     pods = state.pods_free
-    if pods is not None and pods + len(victims) < 1:
+    if pods is not None and pods + pods_freed < 1:
         return False
     usable = 0
     for pos, gpu in enumerate(node.gpus):

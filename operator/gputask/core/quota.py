@@ -18,13 +18,13 @@ So unused quota is lent once, however many queues borrow it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from gputask.core.fit import Requirement
 from gputask.core.flavors import flavored, split_key
-from gputask.core.model import MILLI_PER_GPU, Placement
+from gputask.core.model import MILLI_PER_GPU, NodeName, Placement, PodPlacement
 
 GPU = "nvidia.com/gpu"
 GPU_MEMORY = "gputask.io/gpu-memory"
@@ -118,10 +118,10 @@ class QueueSpec:
 
 
 def usage_of(
-    placement: Placement, memory_of: Mapping[int, int], flavor: str = "", card_mib: int | None = None
+    placement: PodPlacement, memory_of: Mapping[int, int], flavor: str = "", card_mib: int | None = None
 ) -> Usage:
-    """Quota usage of a placement in ``flavor`` (keys :func:`~gputask.core.flavors.flavored`);
-    ``memory_of`` maps GPU index to the device's MiB.
+    """Quota usage of one pod's placement in ``flavor`` (keys :func:`~gputask.core.flavors.flavored`);
+    ``memory_of`` maps GPU index to the device's MiB on the pod's node.
 
     Each device counts its reserved MiB over ``card_mib`` (the flavor's charging card size) when
     given, else over its own memory, rounded up, at most one GPU; a device held whole counts one
@@ -139,6 +139,23 @@ def usage_of(
     if flavor:
         return {flavored(GPU, flavor): milli, flavored(GPU_MEMORY, flavor): memory}
     return {GPU: milli, GPU_MEMORY: memory}
+
+
+def placement_usage(
+    placement: Placement,
+    memory_of: Callable[[NodeName], Mapping[int, int]],
+    flavor: str = "",
+    card_mib: int | None = None,
+) -> Usage:
+    """Quota usage of a whole task's placement: the sum of :func:`usage_of` over its pods (Kueue charges
+    a Workload the total of its PodSets); ``memory_of(node)`` maps GPU index to MiB on ``node``."""
+    pods = placement.pods
+    if len(pods) == 1:
+        return usage_of(pods[0], memory_of(pods[0].node), flavor, card_mib)
+    total: Usage = {}
+    for pod in pods:
+        add_usage(total, usage_of(pod, memory_of(pod.node), flavor, card_mib))
+    return total
 
 
 def add_usage(into: Usage, delta: Mapping[str, int], sign: int = 1) -> None:
@@ -168,6 +185,22 @@ class QuotaBook:
         """Forget a queue's spec (usage stays, so running work is still counted)."""
         self.specs.pop(name, None)
         self._specs_changed()
+
+    def trial_copy(self) -> QuotaBook:
+        """A copy whose usage can be charged and uncharged without touching this book (preemption trials on a
+        snapshot, :mod:`gputask.core.snapshot`). The specs and what is derived from them alone are shared: a
+        trial never changes a spec."""
+        out = QuotaBook()
+        out.specs, out.specs_version = self.specs, self.specs_version
+        out.usage = {name: dict(used) for name, used in self.usage.items()}
+        out._members, out._lendable_cache, out._fair_cache = self.cohort_index(), self._lendable_cache, self._fair_cache
+        return out
+
+    def cohort_index(self) -> dict[str, list[QueueSpec]]:
+        """The queues of each cohort, by cohort name (kept until a spec changes; read only)."""
+        self.cohort_members("")
+        assert self._members is not None
+        return self._members
 
     def _specs_changed(self) -> None:
         self.specs_version += 1

@@ -9,18 +9,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, NamedTuple
 
 from gputask.core.cluster import ClusterState, NodeState
+from gputask.core.decisions import Wait as Wait  # defined with the decisions; read here as always
 from gputask.core.fit import Filter, Refusal, static_refusal
 from gputask.core.flavors import describe_key, flavored, split_key
 from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey, is_mig_product
 from gputask.core.placement import Outcome, feasible_gpus
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
-
-if TYPE_CHECKING:
-    from gputask.core.scheduler import Scheduler
-
+from gputask.core.view import SchedulerView
 
 
 class Reason(StrEnum):
@@ -46,18 +43,6 @@ class Reason(StrEnum):
     GPU_FAILURE = "GPUFailure"
     MAX_RESCHEDULES_EXCEEDED = "MaxReschedulesExceeded"
     GPU_MEMORY_EXCEEDED = "GPUMemoryExceeded"
-
-
-class Wait(NamedTuple):
-    """Why a task waits: a reason and the message that names the binding constraint.
-
-    ``filters``: for a task no node fits, how many nodes each filter refused
-    (:class:`~gputask.core.fit.Filter` value, count), for metrics; empty otherwise.
-    """
-
-    reason: str
-    message: str
-    filters: tuple[tuple[str, int], ...] = ()
 
 
 QUEUE_NOT_FOUND, QUEUE_INACTIVE, QUEUE_HELD = Reason.QUEUE_NOT_FOUND, Reason.QUEUE_INACTIVE, Reason.QUEUE_HELD
@@ -99,7 +84,14 @@ def min_usage(task: Task, largest_gpu_mib: int = 0) -> dict[str, int]:
     For a memory request the GPU share is at least its MiB over the largest GPU's MiB, at most one GPU
     (``largest_gpu_mib``, 0 when unknown: then 1 milli-GPU per GPU); in a flavor with a charging card size
     (``task.card_mib``) it is its MiB over that size, and a fraction's charge depends on the card, so 1.
+    A task of several pods: the sum over its pods.
     """
+    if not task.single_pod:
+        total: dict[str, int] = {}
+        for pod in task.pods:
+            for key, amount in min_usage(task.pod_task(pod), largest_gpu_mib).items():
+                total[key] = total.get(key, 0) + amount
+        return total
     req = task.request
     if req.exclusive:
         milli = MILLI_PER_GPU
@@ -281,7 +273,7 @@ def could_ever_fit(state: NodeState, task: Task) -> bool:
     return not refusals(state, task, ever=True)
 
 
-def queue_status(scheduler: Scheduler) -> dict[str, dict[str, object]]:
+def queue_status(scheduler: SchedulerView) -> dict[str, dict[str, object]]:
     """Per queue: usage (milli-GPU, MiB), borrowed, pending and admitted counts."""
     pending = scheduler.pending.count_by_queue()
     for queue, parked in scheduler.parked_by_queue().items():  # never admitted there: not its pending work
@@ -315,7 +307,7 @@ def _usage_keys(quotas: QuotaBook, name: str) -> dict[str, int]:
 
 
 def violations(
-    scheduler: Scheduler, *, nodes: Iterable[NodeName] | None = None, keys: Iterable[TaskKey] | None = None
+    scheduler: SchedulerView, *, nodes: Iterable[NodeName] | None = None, keys: Iterable[TaskKey] | None = None
 ) -> list[str]:
     """Broken invariants: GPU over-commit, quota beyond the queue's ceiling, a task in two states.
 
@@ -341,7 +333,7 @@ def violations(
     return out
 
 
-def _tally_violations(scheduler: Scheduler) -> list[str]:
+def _tally_violations(scheduler: SchedulerView) -> list[str]:
     """The ledger's admitted tallies (:class:`~gputask.core.ledger.Tally`) unlike a count over every admitted task."""
     counted: dict[object, tuple[int, int, dict[str, int]]] = {}
     for entries, running in ((scheduler.running.values(), 1), (scheduler.nominated.values(), 0)):

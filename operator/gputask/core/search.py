@@ -18,13 +18,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gputask.core.cluster import NodeIndex, NodeState, slots_for
-from gputask.core.model import Placement, Task
+from gputask.core.model import PodPlacement, Task
 
-if TYPE_CHECKING:
-    from gputask.core.placement import Policy
+
+class Scored(Protocol):
+    """What a board reads of a placement policy (:class:`~gputask.core.placement.Policy`): the generation of the
+    meaning of its scores. (A protocol here, so this module does not import placement, which imports it.)"""
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the meaning of the policy's scores changed."""
+        ...
+
 
 Evaluation = tuple[tuple[int, ...], float] | None
 """One node state evaluated for one task shape: (picked GPU positions, score), or no fit."""
@@ -107,7 +115,7 @@ class Board:
         return found, fits, None if found is not None or refusal is None else refusal[1]
 
 
-def board_for(index: NodeIndex, policy: Policy, task: Task) -> tuple[Board, dict[int, Evaluation]]:
+def board_for(index: NodeIndex, policy: Scored, task: Task) -> tuple[Board, dict[int, Evaluation]]:
     """The board and the evaluations by group id of ``policy`` for ``task``'s shape.
 
     Both are forgotten when the policy's ``generation`` changes (its scores changed meaning).
@@ -130,7 +138,7 @@ def board_for(index: NodeIndex, policy: Policy, task: Task) -> tuple[Board, dict
 
 
 def refuser(
-    index: NodeIndex, task: Task, quota: Callable[[NodeState, Placement], str | None]
+    index: NodeIndex, task: Task, quota: Callable[[NodeState, PodPlacement], str | None]
 ) -> Callable[[Entry], str | None]:
     """``quota`` asked once per distinct set of picked GPU sizes (its contract: placement's ``QuotaCheck``)."""
     answers: dict[tuple[int, ...], str | None] = {}
@@ -139,7 +147,7 @@ def refuser(
         state, picked = index.states[entry[1]], entry[2]
         key = tuple(state.node.gpus[p].memory_mib for p in picked)
         if key not in answers:
-            answers[key] = quota(state, Placement(state.name, slots_for(state, task, picked)))
+            answers[key] = quota(state, PodPlacement(state.name, slots_for(state, task, picked)))
         return answers[key]
 
     return refuse

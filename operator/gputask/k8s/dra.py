@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputask.core import GpuRequest, Placement
+from gputask.core import GpuRequest, Placement, PodPlacement
 from gputask.k8s.names import API_VERSION, TASK_LABEL, fit_name
 from gputask.k8s.pinning import containers, is_mig, is_mps
 
@@ -93,7 +93,7 @@ def claim_template(task_obj: Mapping[str, Any], job_name: str, placement: Placem
 
     Raises KeyError when the task has no name or uid, ValueError for a malformed UUID."""
     meta = task_obj["metadata"]
-    requests = [device_request(f"gpu-{i}", g.uuid, version) for i, g in enumerate(placement.gpus)]
+    requests = [device_request(f"gpu-{i}", g.uuid, version) for i, g in enumerate(placement.only().gpus)]
     return {
         "apiVersion": f"{GROUP}/{version}",
         "kind": "ResourceClaimTemplate",
@@ -146,7 +146,7 @@ def claims_for(job_name: str, request: GpuRequest, placement: Placement) -> Clai
     if request.exclusive:
         return Claims(({"name": TEMPLATE_CLAIM, "resourceClaimTemplateName": template_name(job_name)},))
     return Claims(tuple({"name": f"gpu-{i}", "resourceClaimName": shared_claim_name(g.uuid, request)}
-                        for i, g in enumerate(placement.gpus)))
+                        for i, g in enumerate(placement.only().gpus)))
 
 
 def objects_for(
@@ -157,7 +157,7 @@ def objects_for(
     if request.exclusive:
         return [claim_template(task_obj, job_name, placement, version)]
     namespace = task_obj["metadata"].get("namespace") or "default"
-    return [shared_claim(namespace, g.uuid, request, version) for g in placement.gpus]
+    return [shared_claim(namespace, g.uuid, request, version) for g in placement.only().gpus]
 
 
 def shared_claim_key(namespace: str, uuid: str, request: GpuRequest) -> str:
@@ -165,6 +165,6 @@ def shared_claim_key(namespace: str, uuid: str, request: GpuRequest) -> str:
     return f"{namespace}/{shared_claim_name(uuid, request)}"
 
 
-def used_shared_claims(placed: Sequence[tuple[str, GpuRequest, Placement]]) -> set[str]:
-    """Keys of the shared claims the placed tasks ``(namespace, request, placement)`` use."""
+def used_shared_claims(placed: Sequence[tuple[str, GpuRequest, PodPlacement]]) -> set[str]:
+    """Keys of the shared claims the placed pods ``(namespace, request, pod placement)`` use."""
     return {shared_claim_key(ns, g.uuid, req) for ns, req, p in placed if not req.exclusive for g in p.gpus}

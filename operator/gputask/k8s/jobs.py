@@ -39,20 +39,23 @@ def job_name(task_name: str, attempt: int) -> str:
 
 
 def placement_annotation(placement: Placement) -> str:
-    """JSON of a placement: node, GPU UUIDs, indices and MiB per GPU."""
+    """JSON of a one-pod placement (a GPUTask's Job): node, GPU UUIDs, indices and MiB per GPU. Raises
+    ValueError for a placement of several pods. Jobs already in clusters carry it: :func:`parse_placement`
+    reads it back."""
+    pod = placement.only()
     return json.dumps(
         {
-            "node": placement.node,
-            "uuids": [g.uuid for g in placement.gpus],
-            "indices": [g.index for g in placement.gpus],
-            "memoryMiB": [g.memory_mib for g in placement.gpus],
+            "node": pod.node,
+            "uuids": [g.uuid for g in pod.gpus],
+            "indices": [g.index for g in pod.gpus],
+            "memoryMiB": [g.memory_mib for g in pod.gpus],
         },
         separators=(",", ":"),
     )
 
 
 def parse_placement(text: str | None) -> Placement | None:
-    """The Placement in a ``gputask.io/placement`` annotation; None when absent or malformed."""
+    """The one-pod Placement in a ``gputask.io/placement`` annotation; None when absent or malformed."""
     if not text:
         return None
     try:
@@ -61,7 +64,7 @@ def parse_placement(text: str | None) -> Placement | None:
             GpuSlot(int(i), str(u), int(m))
             for i, u, m in zip(raw["indices"], raw["uuids"], raw["memoryMiB"], strict=True)
         )
-        return Placement(NodeName(str(raw["node"])), slots)
+        return Placement.one(NodeName(str(raw["node"])), slots)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -100,7 +103,8 @@ def build_job(
     Raises KeyError when the task has no name, namespace or uid (the caller converts first), ValueError for a
     GPU UUID that cannot be written as a CDI name or a DRA selector.
     """
-    request = request or GpuRequest(len(placement.gpus))
+    pod = placement.only()  # a GPUTask's Job runs one pod
+    request = request or GpuRequest(len(pod.gpus))
     annotation = placement_annotation(placement)
     job = job_shell(task_obj, attempt=attempt, queue=queue, annotations={PLACEMENT_ANNOTATION: annotation})
     if flavor:  # the label selects (its value fitted to 63 characters); the annotation keeps the exact name
@@ -115,7 +119,7 @@ def build_job(
         **(template["metadata"].get("annotations") or {}),
         PLACEMENT_ANNOTATION: annotation,
     }
-    pin_node(template["spec"], placement.node)
+    pin_node(template["spec"], pod.node)
     pin_pod(template["spec"], pod_annotations, placement, pinning, budget_of(request, placement))
     if pinning.mode == "dra":
         dra.claims_for(job["metadata"]["name"], request, placement).apply(template["spec"])

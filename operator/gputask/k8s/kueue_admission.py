@@ -125,7 +125,7 @@ class KueueAdmission:
             record = self._record_of(wl)
             if placement is None or record is None or record.task is None or not quota_reserved(wl):
                 continue
-            if not self.controller.scheduler.cluster.has_node(placement.node):
+            if not all(map(self.controller.scheduler.cluster.has_node, placement.nodes)):
                 continue  # its node is gone: Kueue's node-failure handling evicts it
             self.controller.scheduler.restore(record.task, placement, time.time(), charge=False)
             self.held[key] = record.key
@@ -293,8 +293,9 @@ class KueueAdmission:
         return sorted(w for job in jobs for w in self._of_job.get(job, set()) if self.held.get(w) == task)
 
     def _pod_set_update(self, wl: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
-        node = self.controller.inventory.nodes.get(placement.node) or {}
-        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL, placement.node)
+        pod = placement.only()  # a GPUTask's Job: one pod, one podSetUpdate
+        node = self.controller.inventory.nodes.get(pod.node) or {}
+        hostname = ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL, pod.node)
         record = self._record_of(wl)
         request = record.task.request if record is not None and record.task is not None else None
         return {

@@ -82,7 +82,7 @@ def build_kueue_job(
 def pod_set_annotations(placement: Placement, pinning: Pinning, request: GpuRequest | None = None) -> dict[str, str]:
     """The annotations a podSetUpdate gives the pods of a placed Job: the placement, the devices (envvar: for
     ``NVIDIA_VISIBLE_DEVICES``; cdi: the CDI annotation itself) and the memory budget of a shared request."""
-    uuids = [g.uuid for g in placement.gpus]
+    uuids = [g.uuid for g in placement.only().gpus]
     out = {PLACEMENT_ANNOTATION: placement_annotation(placement)}
     if pinning.mode == "cdi":
         out.update(cdi_annotation(uuids))

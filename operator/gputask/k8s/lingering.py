@@ -90,7 +90,7 @@ class PodsOfJobs:
         pods = self.waiting_on(gone.job.key)
         if gone.hold is None or gone.job.placement is None or not pods:
             return None
-        return held_note(gone.job.placement.node, pods)
+        return held_note(", ".join(gone.job.placement.nodes), pods)
 
 
 __all__ = ["HELD_NOTE", "GoneJob", "PodsOfJobs", "held_note"]

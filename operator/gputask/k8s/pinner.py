@@ -107,7 +107,7 @@ class Pinner:
         if self.ok is None and self.pinning.mode == "dra":  # the version to write claims in is not known
             unread = ", ".join(caps.unreadable)
             return f"GPU pinning 'dra' cannot be checked: {why} ({unread}); looked at again at the next retry"
-        return missing_for(caps, self.pinning.mode, [g.uuid for g in placement.gpus])
+        return missing_for(caps, self.pinning.mode, [g.uuid for pod in placement.pods for g in pod.gpus])
 
     # -- DRA objects ------------------------------------------------------------------------------
     async def prepare(
@@ -179,7 +179,8 @@ class Pinner:
 
     def _owed(self, reservations: Mapping[Any, Reservation]) -> set[str]:
         used = dra.used_shared_claims(
-            [(r.task.namespace, r.task.request, r.placement) for r in reservations.values() if not r.exclusive]
+            [(r.task.namespace, pod.request, placed) for r in reservations.values()
+             for pod, placed in zip(r.task.pods, r.placement.pods, strict=True) if not pod.request.exclusive]
         )
         return self.shared - used
 

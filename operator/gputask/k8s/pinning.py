@@ -115,10 +115,11 @@ class Budget:
 
 
 def budget_of(request: GpuRequest, placement: Placement) -> Budget | None:
-    """The budget of a shared request placed as ``placement``; None for whole GPUs (the task owns them)."""
-    if request.exclusive or not placement.gpus:
+    """The budget of a shared request placed as ``placement`` (one pod); None for whole GPUs (the task owns them)."""
+    gpus = placement.only().gpus
+    if request.exclusive or not gpus:
         return None
-    return Budget(min(g.memory_mib for g in placement.gpus), len(placement.gpus), mps=is_mps(request))
+    return Budget(min(g.memory_mib for g in gpus), len(gpus), mps=is_mps(request))
 
 
 def is_mps(request: GpuRequest) -> bool:
@@ -174,7 +175,7 @@ def pin_pod(
 ) -> None:
     """Pin a pod (spec and annotations, edited in place) to the GPUs of ``placement`` in the envvar or cdi mode,
     and tell its containers their ``budget``. DRA's claims are added by :func:`gputask.k8s.dra.claim_pod`."""
-    uuids = [g.uuid for g in placement.gpus]
+    uuids = [g.uuid for g in placement.only().gpus]
     prepare_pod(pod_spec, pinning)
     env = [{"name": VISIBLE_DEVICES, "value": visible_devices(pinning, uuids)}]
     set_env(pod_spec, [*env, *(budget.env() if budget else [])])

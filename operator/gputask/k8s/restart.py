@@ -145,7 +145,7 @@ class Restart:
         entry = self.ctl.scheduler.ledger.get(record.key)
         records.charged_in(record, entry.task.flavor if entry is not None else "")
         if not restored:
-            node = record.placement.node
+            node = ", ".join(record.placement.nodes)
             message = f"Job {record.job_name} shares a GPU of {node} with an earlier Job beyond its memory"
             self.ctl.scheduler.evict(record.key, PLACEMENT_CONFLICT, message)
 

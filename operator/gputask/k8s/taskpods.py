@@ -198,7 +198,8 @@ class TaskPods:
         self.ctl.scheduler.finish(ended.hold)
         record = self.task_of_gone(ended)
         if record is not None and ended.job.placement is not None:
-            message = f"GPUs on node {ended.job.placement.node} released: the pods of Job {ended.job.name} are gone"
+            nodes = ", ".join(ended.job.placement.nodes)
+            message = f"GPUs on node {nodes} released: the pods of Job {ended.job.name} are gone"
             self.ctl.outbox.append(Report(ReportKind.GPUS_RELEASED, record, message))
 
     def task_of_gone(self, gone: GoneJob) -> TaskRecord | None:

@@ -61,12 +61,13 @@ class Unwritten:
 
 
 def placement_status(placement: Placement | None) -> dict[str, Any] | None:
-    """The ``status.placement`` object of a placement."""
+    """The ``status.placement`` object of a GPUTask's placement (one pod)."""
     if placement is None:
         return None
+    pod = placement.only()
     return {
-        "node": placement.node,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in placement.gpus],
+        "node": pod.node,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib} for g in pod.gpus],
     }
 
 
@@ -78,7 +79,8 @@ def mib_quantity(mib: int) -> str:
 def memory_text(record: TaskRecord) -> str | None:
     """``status.gpuMemory``: MiB reserved on each GPU once placed, else what the task asks."""
     if record.placement is not None:
-        return "/".join(dict.fromkeys(mib_quantity(g.memory_mib) for g in record.placement.gpus))
+        slots = (g for pod in record.placement.pods for g in pod.gpus)
+        return "/".join(dict.fromkeys(mib_quantity(g.memory_mib) for g in slots))
     if record.task is None:
         return None
     request = record.task.request
@@ -90,10 +92,11 @@ def memory_text(record: TaskRecord) -> str | None:
 
 
 def describe(placement: Placement) -> str:
-    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary."""
-    mib = sorted({g.memory_mib for g in placement.gpus})
+    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary of a GPUTask's placement (one pod)."""
+    pod = placement.only()
+    mib = sorted({g.memory_mib for g in pod.gpus})
     each = f"{mib[0]} MiB each" if len(mib) == 1 else f"{mib} MiB"
-    return f"{placement.node} GPUs {list(placement.indices)} ({each})"
+    return f"{pod.node} GPUs {list(pod.indices)} ({each})"
 
 
 class Transitions:

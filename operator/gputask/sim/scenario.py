@@ -186,8 +186,8 @@ class _Record:
                 "at": _num(at),
                 "event": event,
                 "reason": reason,
-                "node": None if placement is None else placement.node,
-                "gpus": [] if placement is None else list(placement.indices),
+                "node": _node_of(placement),
+                "gpus": _gpus_of(placement),
                 "by": by,
             }
         )
@@ -470,8 +470,9 @@ def _consistency(
             reservation = scheduler.cluster.reservation(key)
             if reservation is None:
                 out.append(f"task {key} is on {name} without a reservation")
-            elif reservation.placement.node != name:
-                out.append(f"one task on two nodes: {key} on {', '.join(sorted((name, reservation.placement.node)))}")
+            elif name not in reservation.placement.nodes:
+                placed = ", ".join(reservation.placement.nodes)
+                out.append(f"task on a node it is not placed on: {key} on {name}, placed on {placed}")
     running = scheduler.running
     for key in sorted(keys):
         record = by_key.get(key)
@@ -479,7 +480,7 @@ def _consistency(
             if key in running:
                 out.append(f"task {key} is held by the scheduler but not running")
         elif record.phase == RUNNING and scheduler.placement_of(key) != record.placement:
-            node = None if record.placement is None else record.placement.node
+            node = _node_of(record.placement)
             out.append(f"task lost: {key} runs on {node} but the scheduler does not hold it there")
         elif record.phase == "Pending" and key not in scheduler.pending and key not in scheduler.nominated:
             out.append(f"task lost: {key} is Pending but not queued in the scheduler")
@@ -488,15 +489,25 @@ def _consistency(
     return out
 
 
+def _node_of(placement: Placement | None) -> str | None:
+    """The ``node`` of a task in the output: its pods' nodes joined by ``, `` (one node for a one-pod task)."""
+    return None if placement is None else ", ".join(placement.nodes)
+
+
+def _gpus_of(placement: Placement | None) -> list[int]:
+    """The ``gpus`` of a task in the output: its pods' GPU indices in pod order."""
+    return [] if placement is None else [i for pod in placement.pods for i in pod.indices]
+
+
 def _task_output(record: _Record) -> dict[str, Any]:
     placement = record.placement
     return {
         "namespace": record.submit.metadata.namespace,
         "name": record.submit.metadata.name,
         "phase": record.phase,
-        "node": None if placement is None else placement.node,
-        "gpus": [] if placement is None else list(placement.indices),
-        "memoryPerGpu": None if placement is None else max(s.memory_mib for s in placement.gpus),
+        "node": _node_of(placement),
+        "gpus": _gpus_of(placement),
+        "memoryPerGpu": None if placement is None else max(s.memory_mib for p in placement.pods for s in p.gpus),
         "attempt": record.attempt,
         "admittedAt": _num(record.admitted_at),
         "finishedAt": _num(record.finished_at),

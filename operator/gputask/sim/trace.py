@@ -341,7 +341,7 @@ def replay(
             refused += memo.fits_somewhere(task)
         else:
             cluster.reserve(task, placement)
-            allocated += sum(slot.memory_mib for slot in placement.gpus)
+            allocated += sum(slot.memory_mib for pod in placement.pods for slot in pod.gpus)
         curve.add(arrived, allocated)
     return RunResult(policy_name, seed, tie_break, len(arrivals), failed, refused, curve.values())
 
