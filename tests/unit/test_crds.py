@@ -365,7 +365,8 @@ def test_schema_bounds_pod_sets_and_topology() -> None:
     rejected = [name for name, manifest in cases.items() if not is_valid(manifest)]
     assert rejected == [
         "no PodSet", "nine PodSets", "count 0", "count 1025", "gpus 17", "name not a DNS label", "no name",
-        "memory 0Mi", "memory 0.0", "memory .0Gi", "memory 00e5", "memory 0 as an integer", "fraction 2", "memory and fraction", "unknown PodSet field", "topology key with two slashes",
+        "memory 0Mi", "memory 0.0", "memory .0Gi", "memory 00e5", "memory 0 as an integer",
+        "fraction 2", "memory and fraction", "unknown PodSet field", "topology key with two slashes",
         "unknown topology field",
     ]  # fmt: skip
 
