@@ -117,6 +117,7 @@ async def test_gputask_becomes_a_job_pinned_to_its_node_and_gpu(cluster: Cluster
             "priority": 0,
             "queue": "default",
             "gpuMemory": "12Gi",
+            "podsSummary": "1x1 on 1 node",
             "observedGeneration": 1,
             "message": message,
         }

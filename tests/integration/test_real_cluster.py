@@ -331,6 +331,7 @@ async def test_kubectl_get_shows_resolved_queue_and_memory_and_writes_name_their
         "Priority": 0,
         "Phase": "Admitted",
         "Node": "node-a",
+        "Pods": "1x1 on 1 node",
         "GPUs": 1,
         "Memory": "12Gi",
         "Reason": "Admitted",

@@ -382,8 +382,8 @@ def test_a_failed_job_shows_phase_failed_and_reason_jobfailed_in_kubectl_get(los
         header = table[0].split()
         row = dict(zip(header, re.split(r"\s{2,}", table[1].strip()), strict=True))
         assert {k: v for k, v in row.items() if k != "AGE"} == {
-            "NAME": "t", "QUEUE": CLUSTER_QUEUE, "PRIORITY": "0", "PHASE": "Failed", "NODE": NODE, "GPUS": "1",
-            "MEMORY": "2Gi", "REASON": "JobFailed",
+            "NAME": "t", "QUEUE": CLUSTER_QUEUE, "PRIORITY": "0", "PHASE": "Failed", "NODE": NODE,
+            "PODS": "1x1 on 1 node", "GPUS": "1", "MEMORY": "2Gi", "REASON": "JobFailed",
         }
     finally:
         lossy.cp.start_component(KCM)

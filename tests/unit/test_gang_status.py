@@ -41,9 +41,9 @@ def test_a_gangs_message_counts_its_pods_and_nodes() -> None:
     assert describe(PLACEMENT) == "3 pods on 2 nodes (a, b)"
 
 
-def test_status_carries_the_pods_summary_of_a_placed_gang_only() -> None:
+def test_status_carries_the_pods_summary_of_a_placed_task() -> None:
     """status.podsSummary (the Pods column) is `1x1 + 2x2 on 2 nodes` for the placed gang, unset before it is
-    placed and for a one-pod task; status.placement follows."""
+    placed, `1x1 on 1 node` for a placed one-pod task; status.placement has pods for the gang only."""
     gang = TaskRecord(TaskKey("ml/ddp"), "u1", {}, task=TASK, phase=ADMITTED, placement=PLACEMENT)
     waiting = TaskRecord(TaskKey("ml/ddp"), "u1", {}, task=TASK)
     one = TaskRecord(TaskKey("ml/one"), "u2", {}, task=Task(TaskKey("ml/one"), "q", GpuRequest(1)), phase=ADMITTED,
@@ -51,4 +51,4 @@ def test_status_carries_the_pods_summary_of_a_placed_gang_only() -> None:
     transitions = Transitions(Writer(FakeKubeClient(), OperatorMetrics(), leading=lambda: True))
     shown = [(s["podsSummary"], s["placement"] is not None and "pods" in s["placement"])
              for s in (transitions.status_of(r, "m") for r in (gang, waiting, one))]
-    assert shown == [("1x1 + 2x2 on 2 nodes", True), (None, False), (None, False)]
+    assert shown == [("1x1 + 2x2 on 2 nodes", True), (None, False), ("1x1 on 1 node", False)]

@@ -85,8 +85,9 @@ def _gpus_status(pod: PodPlacement) -> list[dict[str, Any]]:
 
 
 def pods_text(record: TaskRecord) -> str | None:
-    """``status.podsSummary`` of a placed task of several pods (``8x4 on 8 nodes``); None otherwise."""
-    if record.placement is None or len(record.placement.pods) == 1 or record.task is None:
+    """``status.podsSummary`` of a placed task (``8x4 on 8 nodes``; one pod of 2 GPUs: ``1x2 on 1 node``); None
+    while not placed."""
+    if record.placement is None or record.task is None:
         return None
     return pods_summary(record.task, record.placement)
 
