@@ -24,8 +24,14 @@ from gputask.core.cluster import NodeState
 from gputask.core.model import LINK_TYPES, GpuLink, Node
 
 MAX_CANDIDATES = 2000
-"""Sets of alike GPUs compared exhaustively at most; beyond (16 alike GPUs, 6 or more wanted) the policy's pick
-is improved by swapping one GPU at a time (a local optimum, the same answer for the same node)."""
+"""Sets of alike GPUs compared exhaustively at most; beyond (16 alike GPUs, 6 or more wanted) greedy sets grown
+from each GPU, then single swaps, improve on the policy's pick (a local optimum, the same answer for the same
+node; see :data:`MAX_GREEDY_GPUS`)."""
+
+MAX_GREEDY_GPUS = 16
+"""Beyond :data:`MAX_CANDIDATES` sets, the search runs only where at most this many GPUs are candidates (every
+NVLink machine NVIDIA makes has 16 GPUs at most); on larger (fake) nodes the policy's pick stands, which keeps a
+placement's cost bounded (a 64-GPU node would take a second)."""
 
 _TIER = {kind: len(LINK_TYPES) - i for i, kind in enumerate(LINK_TYPES)}  # NVLink 5 ... CrossNUMA 1; unknown 0
 _MAX_COUNT = 99
@@ -120,19 +126,33 @@ def _candidates(groups: Sequence[tuple[Sequence[int], int]]) -> Iterator[tuple[i
 
 def _improved(groups: Sequence[tuple[Sequence[int], int]], picked: tuple[int, ...], start: tuple[int, int],
               value: Callable[[Sequence[int]], tuple[int, int]]) -> tuple[int, ...]:
-    """Local search from ``picked``: swap one GPU for an alike one not picked while that makes the set strictly
-    better (first such swap in position order), until none does."""
-    current, current_value = set(picked), start
+    """Greedy sets, then local search (at most :data:`MAX_GREEDY_GPUS` candidates): from each GPU, add the GPU that makes the set best (lowest position on
+    ties, each group giving its count) until the set is full; then, from the best of those, swap one GPU for an
+    alike one while that makes the set strictly better. ``picked`` unless something beats it."""
     group_of = {p: i for i, (members, _) in enumerate(groups) for p in members}
+    size = sum(n for _, n in groups)
+    best, best_value = tuple(sorted(picked)), start
+    if len(group_of) > MAX_GREEDY_GPUS:
+        return picked
+    for first in sorted(group_of):
+        chosen, left = [first], [n for _, n in groups]
+        left[group_of[first]] -= 1
+        while len(chosen) < size:
+            options = [p for p in sorted(group_of) if left[group_of[p]] > 0 and p not in chosen]
+            step = max(options, key=lambda p: (value([*chosen, p]), -p))
+            chosen.append(step)
+            left[group_of[step]] -= 1
+        found = value(chosen)
+        if found > best_value:
+            best, best_value = tuple(sorted(chosen)), found
+    current, current_value = set(best), best_value
     improved = True
     while improved:
         improved = False
         for out in sorted(current):
             for into in groups[group_of[out]][0]:
-                if into in current:
-                    continue
                 trial = tuple(sorted((current - {out}) | {into}))
-                found = value(trial)
+                found = value(trial) if into not in current else current_value
                 if found > current_value:
                     current, current_value, improved = set(trial), found, True
                     break
