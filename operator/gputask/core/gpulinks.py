@@ -126,9 +126,10 @@ def _candidates(groups: Sequence[tuple[Sequence[int], int]]) -> Iterator[tuple[i
 
 def _improved(groups: Sequence[tuple[Sequence[int], int]], picked: tuple[int, ...], start: tuple[int, int],
               value: Callable[[Sequence[int]], tuple[int, int]]) -> tuple[int, ...]:
-    """Greedy sets, then local search (at most :data:`MAX_GREEDY_GPUS` candidates): from each GPU, add the GPU that makes the set best (lowest position on
-    ties, each group giving its count) until the set is full; then, from the best of those, swap one GPU for an
-    alike one while that makes the set strictly better. ``picked`` unless something beats it."""
+    """Greedy sets, then local search (at most :data:`MAX_GREEDY_GPUS` candidate GPUs): from each GPU, add the
+    GPU that makes the set best (lowest position on ties, each group giving its count) until the set is full;
+    then, from the best of those, swap one GPU for an alike one while that makes the set strictly better.
+    ``picked`` unless something beats it."""
     group_of = {p: i for i, (members, _) in enumerate(groups) for p in members}
     size = sum(n for _, n in groups)
     best, best_value = tuple(sorted(picked)), start
