@@ -81,14 +81,15 @@ def test_gpus_that_score_differently_are_not_swapped_in() -> None:
 
 
 def test_the_worst_pair_decides_then_the_sum() -> None:
-    """Of four GPUs out of eight: all pairs NVLink x2 beats a set with NVLink x12 pairs and one cross-socket pair;
-    among sets of equal worst pair, the larger sum wins."""
-    nv2 = {f"p{a}_{b}": ("NVLink", 2) for a, b in combinations((4, 5, 6, 7), 2)}
-    nv12 = {f"p{a}_{b}": ("NVLink", 12) for a, b in combinations((0, 1, 2), 2)}
-    node = Node(NodeName("n"), gpus(8), links=mesh(8, **nv2, **nv12))
-    assert place(ClusterState([node]), whole(4)).only().indices == (4, 5, 6, 7)
+    """Of four GPUs out of eight: 4..7, every pair through a PCIe switch, beat 0..3, five pairs NVLink x18 but
+    2-3 across sockets (the larger sum, the worse worst pair); among sets of equal worst pair the larger sum wins."""
+    nv18 = {f"p{a}_{b}": ("NVLink", 18) for a, b in combinations(range(4), 2) if (a, b) != (2, 3)}
+    pcie = {f"p{a}_{b}": ("PCIeSwitch", 0) for a, b in combinations(range(4, 8), 2)}
+    node = Node(NodeName("n"), gpus(8), links=mesh(8, **nv18, **pcie))
     table = {(link.a, link.b): link for link in node.links}
-    assert set_value(table, (0, 1, 2)) > set_value(table, (4, 5, 6)) > set_value(table, (0, 1, 4))
+    assert place(ClusterState([node]), whole(4)).only().indices == (4, 5, 6, 7)
+    assert set_value(table, (0, 1, 2, 3))[1] > set_value(table, (4, 5, 6, 7))[1]
+    assert set_value(table, (0, 1, 2)) > set_value(table, (4, 5, 6)) > set_value(table, (0, 4, 5))
 
 
 def test_unknown_pairs_rank_below_every_known_kind_and_mig_devices_have_none() -> None:
