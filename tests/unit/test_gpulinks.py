@@ -135,3 +135,16 @@ def test_explain_shows_the_links_of_an_admitted_task() -> None:
     scheduler.cycle(0.0)
     found = diagnose(scheduler, TaskKey("ns/t2"))
     assert (found.state, found.links) == ("admitted", ("n GPUs 2,3: NVLink x4",))
+
+
+def test_explain_text_prints_the_links_after_the_node() -> None:
+    """``gputask explain`` of an admitted task: one ``GPU links:`` line per pod of two GPUs or more."""
+    from rich.console import Console
+
+    from gputask.core.diagnose import Diagnosis
+    from gputask.live import render_diagnosis
+
+    console = Console(width=200, color_system=None, record=True)
+    found = Diagnosis(key="ns/t", state="admitted", queue="q", node="n", links=("n GPUs 2,3: NVLink x4",))
+    render_diagnosis(console, found, {"phase": "Running"})
+    assert console.export_text().splitlines()[-2:] == ["Admitted on node n.", "GPU links: n GPUs 2,3: NVLink x4"]
