@@ -148,3 +148,14 @@ def test_explain_text_prints_the_links_after_the_node() -> None:
     found = Diagnosis(key="ns/t", state="admitted", queue="q", node="n", links=("n GPUs 2,3: NVLink x4",))
     render_diagnosis(console, found, {"phase": "Running"})
     assert console.export_text().splitlines()[-2:] == ["Admitted on node n.", "GPU links: n GPUs 2,3: NVLink x4"]
+
+
+def test_each_pod_of_a_gang_gets_the_best_connected_gpus_left() -> None:
+    """A gang of two 2-GPU pods on one 4-GPU node whose NVLinked pairs are 0-3 and 1-2: each pod gets one
+    NVLinked pair (without links: 0, 1 and 2, 3, both pairs crossing sockets here)."""
+    from gputask.core.model import PodSet
+
+    links = mesh(4, p0_3=("NVLink", 12), p1_2=("NVLink", 12))
+    gang = Task.of_pod_sets(TaskKey("ns/g"), "q", (PodSet("workers", 2, GpuRequest(2)),))
+    found = [place(ClusterState([Node(NodeName("n"), gpus(4), links=chosen)]), gang).pods for chosen in (links, ())]
+    assert [[p.indices for p in pods] for pods in found] == [[(0, 3), (1, 2)], [(0, 1), (2, 3)]]
