@@ -385,6 +385,8 @@ def run(
 def agent(
     node_name: Annotated[str | None, typer.Option(help="This node's name; default $NODE_NAME.")] = None,
     fake_gpus: Annotated[str | None, typer.Option(help="Fake GPUs instead of NVML, e.g. 2xNVIDIA-A10:24Gi.")] = None,
+    fake_links: Annotated[str | None, typer.Option(
+        help="With --fake-gpus: how pairs of them are connected, e.g. 0-1:NVLink:12,0-2:PCIeSwitch.")] = None,
     interval: Annotated[str, typer.Option(help="Probe period (e.g. 10s).")] = "10s",
     heartbeat: Annotated[str, typer.Option(help="Status patch period when nothing changed.")] = "30s",
     metrics_port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 9401,
@@ -420,6 +422,7 @@ def agent(
                 pod_resources_socket if pod_resources_socket is not None else "" if fake_gpus else KUBELET_SOCKET
             ),
             host_pid=host_pid,
+            fake_links=fake_links,
         )
     )
 

@@ -360,6 +360,8 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
         out(f"GPUClusterQueue: {queue}; priority {found.priority}")
     if found.state == "admitted":
         out(f"Admitted on node {found.node}.")
+        for line in found.links:
+            out(f"GPU links: {line}")
         return
     if found.position is not None:
         out(f"Position: {found.position} of {found.waiting_in_queue} waiting in {found.queue!r} (0 = head)")

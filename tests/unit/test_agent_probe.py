@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -24,9 +25,10 @@ from gputask.agent import (
     fake_uuid,
     parse_fake_spec,
 )
-from gputask.agent.fake import FakeGpu
+from gputask.agent.fake import FakeGpu, parse_fake_links
 from gputask.agent.probe import NVML_HINT, cuda_version_text, product_name
 from gputask.agent.processes import ProcessUse
+from gputask.core.model import GpuLink
 from nvml_mig import PynvmlNames
 
 REPO = Path(__file__).resolve().parents[2]
@@ -524,3 +526,154 @@ def test_fake_probe_reports_the_processes_tests_set() -> None:
     probe = FakeProbe.from_spec("2x8Gi", node_name="n")
     probe.set_processes(1, [(42, 100), (43, None)])
     assert [g.processes for g in probe.read().gpus] == [None, (ProcessUse(42, 100), ProcessUse(43, None))]
+
+
+# -- GPU links (topology) ---------------------------------------------------------------------------
+
+
+class LinkedNvml(FakeNvml):
+    """FakeNvml with PCI addresses, NVLinks and PCIe common ancestors (the calls NVIDIA documents for them).
+
+    ``nvlinks[gpu]``: per link index, ``("gpu", peer index)``, ``("switch", None)``, ``("down", None)`` or an
+    exception every call on that link raises; links past the list answer NVML_ERROR_INVALID_ARGUMENT, as NVML does
+    for a link index the GPU lacks. ``ancestors[(a, b)]``: an nvmlGpuTopologyLevel_t value or an exception.
+    """
+
+    NVMLError_InvalidArgument = pynvml.NVMLError_InvalidArgument
+    NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
+    NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
+    NVML_NVLINK_DEVICE_TYPE_GPU = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def __init__(self, devices: list[FakeDevice], nvlinks: dict[int, list[Any]],
+                 ancestors: dict[tuple[int, int], Any]) -> None:
+        super().__init__(devices)
+        self.nvlinks, self.ancestors = nvlinks, ancestors
+
+    @staticmethod
+    def pci(index: int) -> SimpleNamespace:
+        return SimpleNamespace(domain=0, bus=0x10 + index, device=0, busId=f"00000000:{0x10 + index:02X}:00.0")
+
+    def _link(self, handle: int, link: int, name: str) -> Any:
+        self._device(handle, name)
+        links = self.nvlinks.get(handle, [])
+        if link >= len(links):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if isinstance(links[link], Exception):
+            raise links[link]
+        return links[link]
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
+        self._device(handle, "nvmlDeviceGetPciInfo")
+        return self.pci(handle)
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        kind, _ = self._link(handle, link, "nvmlDeviceGetNvLinkState")
+        return pynvml.NVML_FEATURE_DISABLED if kind == "down" else pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
+        kind, _ = self._link(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType")
+        return pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if kind == "switch" else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> SimpleNamespace:
+        kind, peer = self._link(handle, link, "nvmlDeviceGetNvLinkRemotePciInfo")
+        return self.pci(peer) if kind == "gpu" else SimpleNamespace(domain=0, bus=0xF0, device=0, busId="switch")
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        self._device(a, "nvmlDeviceGetTopologyCommonAncestor")
+        found = self.ancestors.get((a, b), self.ancestors.get((b, a)))
+        if found is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if isinstance(found, Exception):
+            raise found
+        return int(found)
+
+
+def gpus_of(n: int) -> list[FakeDevice]:
+    return [FakeDevice(f"GPU-{i}", "NVIDIA H100 80GB HBM3", 80 * GIB, 0) for i in range(n)]
+
+
+def test_linked_fake_nvml_surface_exists_in_real_pynvml() -> None:
+    """Every NVML call and constant LinkedNvml offers exists in the real pynvml, with the fake's arity."""
+    names = [n for n in dir(LinkedNvml) if n.startswith(("nvml", "NVML"))]
+    assert [n for n in names if not hasattr(pynvml, n)] == []
+
+
+def test_nvml_links_count_direct_nvlinks_and_take_pcie_paths_for_the_other_pairs() -> None:
+    """GPUs 0 and 1 share two NVLinks (a third is down), 2 and 3 one; the other pairs get the PCIe path
+    nvmlDeviceGetTopologyCommonAncestor reports, each level to its kind."""
+    nvlinks = {0: [("gpu", 1), ("down", None), ("gpu", 1)], 1: [("gpu", 0), ("gpu", 0)],
+               2: [("gpu", 3)], 3: [("gpu", 2)]}
+    ancestors = {(0, 2): pynvml.NVML_TOPOLOGY_SYSTEM, (0, 3): pynvml.NVML_TOPOLOGY_NODE,
+                 (1, 2): pynvml.NVML_TOPOLOGY_HOSTBRIDGE, (1, 3): pynvml.NVML_TOPOLOGY_MULTIPLE}
+    reading = NvmlProbe(nvml=LinkedNvml(gpus_of(4), nvlinks, ancestors)).read()
+    assert reading.links == (
+        GpuLink(0, 1, "NVLink", 2), GpuLink(0, 2, "CrossNUMA"), GpuLink(0, 3, "SameNUMANode"),
+        GpuLink(1, 2, "HostBridge"), GpuLink(1, 3, "PCIeSwitch"), GpuLink(2, 3, "NVLink", 1),
+    )
+
+
+def test_nvml_links_through_nvswitches_connect_every_pair_by_the_fewer_switch_links() -> None:
+    """On an NVSwitch baseboard every link goes to a switch: each pair gets the fewer of its GPUs' switch links
+    (18 and 18, or 12 where one GPU has 12 up), and no PCIe path is asked for."""
+    nvlinks = {0: [("switch", None)] * 18, 1: [("switch", None)] * 18, 2: [("switch", None)] * 12}
+    nvml = LinkedNvml(gpus_of(3), nvlinks, {})
+    reading = NvmlProbe(nvml=nvml).read()
+    assert (reading.links, "nvmlDeviceGetTopologyCommonAncestor" in nvml.calls) == (
+        (GpuLink(0, 1, "NVLink", 18), GpuLink(0, 2, "NVLink", 12), GpuLink(1, 2, "NVLink", 12)), False)
+
+
+def test_nvml_links_not_supported_mean_no_link_info_never_a_failure() -> None:
+    """GPUs without NVLink (NVML_ERROR_NOT_SUPPORTED on link 0: the other links are not asked) and a pair whose
+    PCIe path is not supported either: that pair is left out, the others are read, the devices stay healthy."""
+    not_supported = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    nvlinks = {i: [not_supported] * 18 for i in range(3)}
+    nvml = LinkedNvml(gpus_of(3), nvlinks, {(0, 1): pynvml.NVML_TOPOLOGY_SINGLE, (1, 2): pynvml.NVML_TOPOLOGY_SYSTEM})
+    reading = NvmlProbe(nvml=nvml).read()
+    assert (reading.links, [g.healthy for g in reading.gpus], nvml.calls.count("nvmlDeviceGetNvLinkState")) == (
+        (GpuLink(0, 1, "PCIeSwitch"), GpuLink(1, 2, "CrossNUMA")), [True, True, True], 3)
+
+
+def test_nvml_links_are_read_once_unless_an_unexpected_error_asks_for_another_try() -> None:
+    """Topology does not change while the agent runs: a second read asks NVML nothing about links. A reading that
+    met an unexpected error (here NVML_ERROR_UNKNOWN on a PCIe path) is tried again at the next read."""
+    nvml = LinkedNvml(gpus_of(2), {}, {(0, 1): pynvml.NVML_TOPOLOGY_SINGLE})
+    probe = NvmlProbe(nvml=nvml)
+    first = probe.read().links
+    asked = nvml.calls.count("nvmlDeviceGetTopologyCommonAncestor")
+    second = probe.read().links
+    flaky = LinkedNvml(gpus_of(2), {}, {(0, 1): pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)})
+    again = NvmlProbe(nvml=flaky)
+    empty = again.read().links
+    flaky.ancestors[(0, 1)] = pynvml.NVML_TOPOLOGY_NODE
+    assert (first, second, asked, nvml.calls.count("nvmlDeviceGetTopologyCommonAncestor"), empty,
+            again.read().links) == (
+        (GpuLink(0, 1, "PCIeSwitch"),), (GpuLink(0, 1, "PCIeSwitch"),), 1, 1, (), (GpuLink(0, 1, "SameNUMANode"),))
+
+
+def test_a_probe_without_link_calls_or_with_one_gpu_reports_no_links() -> None:
+    """A pynvml without the topology calls (the plain fake) and a node of one GPU: no links, nothing asked."""
+    one = LinkedNvml(gpus_of(1), {0: [("switch", None)] * 18}, {})
+    assert (NvmlProbe(nvml=FakeNvml(two_gpus())).read().links, NvmlProbe(nvml=one).read().links,
+            "nvmlDeviceGetNvLinkState" in one.calls) == ((), (), False)
+
+
+def test_fake_probe_reports_links_from_its_spec() -> None:
+    """--fake-links gives the fake GPUs' links, sorted by pair; malformed specs say what is wrong."""
+    probe = FakeProbe.from_spec("4x80Gi", node_name="n", links="2-3:NVLink:12, 1-0:PCIeSwitch")
+    assert probe.read().links == (GpuLink(0, 1, "PCIeSwitch"), GpuLink(2, 3, "NVLink", 12))
+    problems = {}
+    for spec in ("0-1:NVLink", "0-1:PCIeSwitch:2", "0-4:CrossNUMA", "0-0:CrossNUMA", "0-1:Fast",
+                 "0-1:HostBridge,1-0:HostBridge", "01:NVLink:2"):
+        with pytest.raises(FakeSpecError) as info:
+            parse_fake_links(spec, 4)
+        problems[spec] = str(info.value).split(": ", 1)[1]
+    assert problems == {
+        "0-1:NVLink": "an NVLink pair needs its link count (> 0), others none",
+        "0-1:PCIeSwitch:2": "an NVLink pair needs its link count (> 0), others none",
+        "0-4:CrossNUMA": "two different GPUs of 0..3",
+        "0-0:CrossNUMA": "two different GPUs of 0..3",
+        "0-1:Fast": "type must be one of NVLink, PCIeSwitch, HostBridge, SameNUMANode, CrossNUMA",
+        "0-1:HostBridge,1-0:HostBridge": "GPUs 0 and 1 are given twice",
+        "01:NVLink:2": "expected A-B:TYPE[:COUNT] such as 0-1:NVLink:12",
+    }

@@ -16,6 +16,7 @@ import crdschema
 from gputask.agent import FakeProbe, GpuReading, NodeReading, ProbeError, fake_uuid
 from gputask.agent.attribution import HOST_PID_MESSAGE
 from gputask.agent.report import MIG_REASON, Reporter, device_view, gpu_summary, gpunode_status
+from gputask.core.model import GpuLink
 from gputask.k8s.client import AlreadyExists, ApiError, NotFound, Resource
 from gputask.manifests.convert import node_from_gpunode, reported_used_mib
 
@@ -474,3 +475,16 @@ def test_the_summary_counts_gpus_per_product_with_their_memory_in_all() -> None:
         "1x NVIDIA-A10 (24Gi), 1x NVIDIA-H200 (139.8Gi), 2x NVIDIA-T4 (31Gi)",
         "no GPUs",
     )
+
+
+async def test_links_changing_are_patched_at_the_next_tick() -> None:
+    """The GPUs' links are part of the view: new links are written at once, not at the next heartbeat."""
+    client = RecordingClient()
+    reporter, probe, clock = make(client)
+    await reporter.tick()
+    client.calls.clear()
+    probe.set_links((GpuLink(0, 1, "NVLink", 4),))
+    clock.now += 10
+    await reporter.tick()
+    assert (client.calls, client.objects[("gpunodes", NODE)]["status"]["links"]) == (
+        [("patch-status", "gpunodes", NODE)], [{"a": 0, "b": 1, "type": "NVLink", "count": 4}])

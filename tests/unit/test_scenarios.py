@@ -905,3 +905,33 @@ def test_unknown_fields_in_specs_are_refused_by_name() -> None:
         "events[0].submit.spec.gpuMemroy: unknown field (not in the GPUTask CRD)\n"
         "queues[0].spec.resources[0].borow: unknown field (not in the GPUClusterQueue CRD)"
     )
+
+
+def test_links_per_node_put_a_multi_gpu_task_on_the_nvlinked_pair() -> None:
+    """A node's ``links`` (as the GPUNode's): the 2-GPU task gets the NVLinked GPUs 2, 3 of four alike ones;
+    without links the same scenario places it on 0, 1, and a 1-GPU task is placed as before either way."""
+    links = [{"a": 2, "b": 3, "type": "NVLink", "count": 12}, {"a": 0, "b": 1, "type": "PCIeSwitch"}]
+    linked = node("node-a", "24Gi", "24Gi", "24Gi", "24Gi") | {"links": links}
+    events = [submit("pair", gpus=2), submit("one", at=1, gpus=1)]
+    with_links = brief(run_scenario(scenario([linked], events)))
+    without = brief(run_scenario(scenario([node("node-a", "24Gi", "24Gi", "24Gi", "24Gi")], events)))
+    assert [(with_links[t][2], without[t][2]) for t in ("pair", "one")] == [([2, 3], [0, 1]), ([0], [2])]
+
+
+@pytest.mark.parametrize(
+    ("links", "message"),
+    [
+        ([{"a": 0, "b": 2, "type": "CrossNUMA"}], "nodes[0].links[0]: a and b must be two different GPUs of 0..1"),
+        ([{"a": 0, "b": 1, "type": "NVLink"}], "nodes[0].links[0]: count (the NVLinks) is required on type NVLink "
+                                                "and only there"),
+        ([{"a": 0, "b": 1, "type": "CrossNUMA"}, {"a": 1, "b": 0, "type": "CrossNUMA"}],
+         "nodes[0].links[1]: GPUs 0 and 1 are linked twice"),
+        ([{"a": 0, "b": 1, "type": "Fast"}], "nodes[0].links[0].type: Input should be 'NVLink', 'PCIeSwitch', "
+                                              "'HostBridge', 'SameNUMANode' or 'CrossNUMA'"),
+    ],
+)
+def test_bad_links_are_a_clear_error(links: list[dict[str, Any]], message: str) -> None:
+    doc = scenario([node("node-a", "24Gi", "24Gi") | {"links": links}], [])
+    with pytest.raises(ScenarioError) as caught:
+        run_scenario(doc)
+    assert str(caught.value) == message

@@ -5,6 +5,10 @@ number with ``Mi``, ``Gi`` or ``Ti`` and PRODUCT is a name without spaces (as NV
 are spelled in gputask). Examples: ``2x24Gi``, ``1x16Gi,1x8Gi``, ``2xNVIDIA-A10:24Gi``.
 Devices are indexed in spec order; UUIDs are derived from the node name and index, so a
 restarted agent reports the same devices.
+
+Links (``gputask agent --fake-links``): comma-separated ``A-B:TYPE[:COUNT]``, TYPE one of
+:data:`~gputask.core.model.LINK_TYPES` and COUNT the NVLinks (NVLink only, required there), e.g.
+``0-1:NVLink:12,0-2:PCIeSwitch,1-2:CrossNUMA``; pairs not listed have no link info.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, replace
 from gputask.agent.errors import FakeSpecError, ProbeError
 from gputask.agent.probe import GpuReading, NodeReading
 from gputask.agent.processes import ProcessUse
+from gputask.core.model import LINK_TYPES, GpuLink
 
 DEFAULT_PRODUCT = "Fake-GPU"
 MAX_FAKE_GPUS = 64
@@ -54,6 +59,33 @@ def parse_fake_spec(spec: str) -> tuple[FakeGpu, ...]:
     return tuple(gpus)
 
 
+_LINK = re.compile(r"^(?P<a>\d+)-(?P<b>\d+):(?P<kind>[A-Za-z]+)(?::(?P<count>\d+))?$")
+
+
+def parse_fake_links(spec: str, gpu_count: int) -> tuple[GpuLink, ...]:
+    """The links a ``--fake-links`` spec describes between GPUs 0..gpu_count-1, sorted by pair (see the module
+    docstring); FakeSpecError says what is wrong (a malformed entry, an unknown type, a count on a non-NVLink
+    pair or none on an NVLink one, a GPU out of range, a pair given twice)."""
+    links: dict[tuple[int, int], GpuLink] = {}
+    for raw in spec.split(","):
+        entry = raw.strip()
+        match = _LINK.match(entry)
+        if not match:
+            raise FakeSpecError(f"bad fake link {entry!r} in {spec!r}: expected A-B:TYPE[:COUNT] such as 0-1:NVLink:12")
+        a, b = sorted((int(match["a"]), int(match["b"])))
+        kind, count = match["kind"], int(match["count"] or 0)
+        if kind not in LINK_TYPES:
+            raise FakeSpecError(f"bad fake link {entry!r}: type must be one of {', '.join(LINK_TYPES)}")
+        if (kind == "NVLink") != (count > 0):
+            raise FakeSpecError(f"bad fake link {entry!r}: an NVLink pair needs its link count (> 0), others none")
+        if a == b or b >= gpu_count:
+            raise FakeSpecError(f"bad fake link {entry!r}: two different GPUs of 0..{gpu_count - 1}")
+        if (a, b) in links:
+            raise FakeSpecError(f"bad fake link {entry!r}: GPUs {a} and {b} are given twice")
+        links[(a, b)] = GpuLink(a, b, kind, count)
+    return tuple(links[pair] for pair in sorted(links))
+
+
 def fake_uuid(node_name: str, index: int) -> str:
     """The stable NVML-style UUID (``GPU-<uuid>``) of fake device ``index`` on ``node_name``."""
     return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{index}')}"
@@ -69,8 +101,10 @@ class FakeProbe:
         *,
         driver_version: str = "fake",
         cuda_version: str = "fake",
+        links: Sequence[GpuLink] = (),
     ) -> None:
         self._lock = threading.Lock()
+        self._links = tuple(links)
         self._driver_version, self._cuda_version = driver_version, cuda_version
         self._failure: str | None = None
         self._gpus = [
@@ -78,16 +112,17 @@ class FakeProbe:
         ]
 
     @classmethod
-    def from_spec(cls, spec: str, *, node_name: str) -> FakeProbe:
-        """A probe for ``spec`` (see the module docstring); FakeSpecError when malformed."""
-        return cls(node_name, parse_fake_spec(spec))
+    def from_spec(cls, spec: str, *, node_name: str, links: str | None = None) -> FakeProbe:
+        """A probe for ``spec`` with the ``links`` spec (see the module docstring); FakeSpecError when malformed."""
+        gpus = parse_fake_spec(spec)
+        return cls(node_name, gpus, links=parse_fake_links(links, len(gpus)) if links else ())
 
     def read(self) -> NodeReading:
         """The fake devices as they are now; ProbeError while a failure is set."""
         with self._lock:
             if self._failure is not None:
                 raise ProbeError(self._failure)
-            return NodeReading(self._driver_version, self._cuda_version, tuple(self._gpus))
+            return NodeReading(self._driver_version, self._cuda_version, tuple(self._gpus), self._links)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -108,6 +143,11 @@ class FakeProbe:
         """Mark device ``index`` healthy or not, with ``reason`` (e.g. ``"XID 79"``)."""
         with self._lock:
             self._gpus[index] = replace(self._gpus[index], healthy=healthy, reason="" if healthy else reason)
+
+    def set_links(self, links: Sequence[GpuLink]) -> None:
+        """Report ``links`` (how pairs of the GPUs are connected) from now on."""
+        with self._lock:
+            self._links = tuple(links)
 
     def set_failure(self, message: str | None) -> None:
         """Make every read raise ProbeError(message) until called with None."""

@@ -50,11 +50,15 @@ def termination_message(text: str, path: str | None = None) -> bool:
     return True
 
 
-def build_probe(node_name: str, fake_gpus: str | None, *, processes: bool = False) -> GpuProbe:
-    """FakeProbe for a spec, else an opened NvmlProbe (listing GPU processes when ``processes``); AgentError
-    when neither can start."""
+def build_probe(
+    node_name: str, fake_gpus: str | None, *, processes: bool = False, fake_links: str | None = None
+) -> GpuProbe:
+    """FakeProbe for a spec (with ``fake_links``), else an opened NvmlProbe (listing GPU processes when
+    ``processes``); AgentError when neither can start or ``fake_links`` comes without ``fake_gpus``."""
+    if fake_links and not fake_gpus:
+        raise UsageError("--fake-links needs --fake-gpus (a real node's links come from NVML)")
     if fake_gpus:
-        return FakeProbe.from_spec(fake_gpus, node_name=node_name)
+        return FakeProbe.from_spec(fake_gpus, node_name=node_name, links=fake_links)
     probe = NvmlProbe(processes=processes)
     probe.open()
     return probe
@@ -80,6 +84,7 @@ def cli_agent(
     metrics_address: str = "0.0.0.0",
     pod_resources_socket: str = "",
     host_pid: bool = False,
+    fake_links: str | None = None,
 ) -> int:
     """The ``gputask agent`` command; returns the exit code.
 
@@ -94,7 +99,7 @@ def cli_agent(
         )
         if not 0 <= metrics_port <= 65535:
             raise UsageError(f"--metrics-port must be 0..65535, got {metrics_port}")
-        probe = build_probe(node, fake_gpus, processes=host_pid)
+        probe = build_probe(node, fake_gpus, processes=host_pid, fake_links=fake_links)
     except (UsageError, AgentError) as exc:
         print(f"gputask agent: {exc}", file=sys.stderr)
         termination_message(f"gputask agent: {exc}")

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from gputask.agent.errors import ProbeError, ProbeUnavailable
 from gputask.agent.mig import MIG_PERMISSION_HINT, MigDevice, MigInfo, mig_product, read_mig_devices
 from gputask.agent.processes import ProcessUse
-from gputask.core.model import mig_device_index
+from gputask.core.model import GpuLink, mig_device_index
 
 log = logging.getLogger("gputask.agent")
 
@@ -70,11 +70,13 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class NodeReading:
-    """All devices of the node, in index order, with the driver and CUDA versions."""
+    """All devices of the node, in index order, with the driver and CUDA versions, and how pairs of its GPUs are
+    connected (``links``, sorted by ``(a, b)``; empty when not known: see :func:`read_links`)."""
 
     driver_version: str
     cuda_version: str
     gpus: tuple[GpuReading, ...]
+    links: tuple[GpuLink, ...] = ()
 
 
 class GpuProbe(Protocol):
@@ -137,6 +139,7 @@ class NvmlProbe:
         self._known_mig: dict[int, tuple[GpuReading, ...]] = {}  # parent index -> its MIG devices as last read
         self._sticky: dict[int, str] = {}  # index -> reason ("XID 79"), unhealthy until restart
         self.events: dict[int, bool] = {}
+        self._links: tuple[tuple[tuple[int, str], ...], tuple[GpuLink, ...]] | None = None  # (GPUs read, links)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -195,8 +198,19 @@ class NvmlProbe:
                 raise ProbeError(f"nvmlDeviceGetCount: {exc}") from None
             gpus = [gpu for index in range(count) for gpu in self._read_device(nvml, index)]
             self._drain_events(nvml, count)
+            links = self._links_of(nvml, gpus)
             gpus = [self._with_sticky(gpu) for gpu in gpus]
-            return NodeReading(self._driver_version(nvml), self._cuda_version(nvml), tuple(gpus))
+            return NodeReading(self._driver_version(nvml), self._cuda_version(nvml), tuple(gpus), links)
+
+    def _links_of(self, nvml: Any, gpus: list[GpuReading]) -> tuple[GpuLink, ...]:
+        """How the GPUs read are connected: read once (topology does not change while the agent runs), again
+        when the GPUs change or the last reading met an unexpected NVML error."""
+        known = tuple((g.index, g.uuid) for g in gpus if g.mig is None)  # GPUs, not their MIG devices
+        if self._links is not None and self._links[0] == known:
+            return self._links[1]
+        links, complete = read_links(nvml, [index for index, _ in known])
+        self._links = (known, links) if complete else None
+        return links
 
     def _with_sticky(self, gpu: GpuReading) -> GpuReading:
         reason = self._sticky.get(gpu.mig.parent_index if gpu.mig is not None else gpu.index)
@@ -370,6 +384,142 @@ class NvmlProbe:
         log.warning("all GPUs unhealthy: %s", reason)
         for index in range(count):
             self._sticky.setdefault(index, reason)
+
+
+# -- GPU topology ------------------------------------------------------------------------------
+
+_ANCESTOR_KINDS = {  # nvmlGpuTopologyLevel_t (nvml.h; a fixed ABI) -> GpuLink kind
+    0: "PCIeSwitch",  # NVML_TOPOLOGY_INTERNAL: on one board (e.g. Tesla K80)
+    10: "PCIeSwitch",  # NVML_TOPOLOGY_SINGLE: through a single PCIe switch (nvidia-smi PIX)
+    20: "PCIeSwitch",  # NVML_TOPOLOGY_MULTIPLE: through PCIe switches, no host bridge (PXB)
+    30: "HostBridge",  # NVML_TOPOLOGY_HOSTBRIDGE: through one PCIe host bridge (PHB)
+    40: "SameNUMANode",  # NVML_TOPOLOGY_NODE: through host bridges of one NUMA node (NODE)
+    50: "CrossNUMA",  # NVML_TOPOLOGY_SYSTEM: across the interconnect between NUMA nodes/sockets (SYS)
+}
+_NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS where the module lacks it (nvml.h of driver 535; 36 later)
+_NVLINK_GPU, _NVLINK_SWITCH = 0x00, 0x02  # NVML_NVLINK_DEVICE_TYPE_GPU, _SWITCH
+
+
+def read_links(nvml: Any, indices: list[int]) -> tuple[tuple[GpuLink, ...], bool]:
+    """How each pair of GPUs ``indices`` (NVML indices, physical GPUs) is connected, and whether the reading is
+    complete (False after an unexpected NVML error: the caller reads again later).
+
+    NVLink first: for each GPU, every link 0..NVML_NVLINK_MAX_LINKS-1 that ``nvmlDeviceGetNvLinkState`` says is
+    active, to the device ``nvmlDeviceGetNvLinkRemotePciInfo`` names: another GPU of the node (matched by PCI
+    domain, bus and device against ``nvmlDeviceGetPciInfo``) or an NVSwitch
+    (``nvmlDeviceGetNvLinkRemoteDeviceType``). A pair has the links between them (the larger count of the two
+    directions) plus, when both have links to NVSwitches, the fewer of the two's switch links (every GPU of one
+    NVSwitch baseboard reaches every other over all of its links: ``nvidia-smi topo -m`` prints NV18 on an HGX
+    H100). A pair without NVLink gets the PCIe path ``nvmlDeviceGetTopologyCommonAncestor`` reports
+    (:data:`gputask.core.model.LINK_TYPES`). Never raises: NVML_ERROR_NOT_SUPPORTED (a GPU without NVLink, a
+    virtual GPU), a call the driver or module lacks, or any other error leaves that link or pair out (no link
+    info for it); fewer than two GPUs: none.
+    """
+    if len(indices) < 2:
+        return (), True
+    complete = True
+    handles: dict[int, Any] = {}
+    pci: dict[int, tuple[int, int, int]] = {}
+    pci_info = getattr(nvml, "nvmlDeviceGetPciInfo", None)
+    for index in indices:
+        try:
+            handles[index] = nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError as exc:
+            log.warning("GPU %d: no link info (%s)", index, exc)
+            complete = False
+            continue
+        if pci_info is None:
+            continue
+        try:
+            pci[index] = _pci_key(pci_info(handles[index]))
+        except (nvml.NVMLError, AttributeError, TypeError, ValueError) as exc:
+            complete = complete and _expected(nvml, exc)
+    by_pci = {key: index for index, key in pci.items()}
+    direct: dict[int, dict[int, int]] = {}
+    switch: dict[int, int] = {}
+    for index, handle in handles.items():
+        peers, switches, ok = _nvlinks(nvml, handle, by_pci)
+        direct[index], switch[index], complete = peers, switches, complete and ok
+    links: list[GpuLink] = []
+    ordered = sorted(handles)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1:]:
+            count = max(direct[a].get(b, 0), direct[b].get(a, 0))
+            if switch[a] and switch[b]:
+                count += min(switch[a], switch[b])
+            if count:
+                links.append(GpuLink(a, b, "NVLink", count))
+                continue
+            kind, ok = _common_ancestor(nvml, handles[a], handles[b])
+            complete = complete and ok
+            if kind is not None:
+                links.append(GpuLink(a, b, kind))
+    return tuple(links), complete
+
+
+def _pci_key(info: Any) -> tuple[int, int, int]:
+    """(domain, bus, device) of an ``nvmlPciInfo_t``: what a remote link's PCI info and a GPU's own agree on
+    (the bus id text differs between the legacy and current formats)."""
+    return int(info.domain), int(info.bus), int(info.device)
+
+
+def _nvlinks(nvml: Any, handle: Any, by_pci: dict[tuple[int, int, int], int]) -> tuple[dict[int, int], int, bool]:
+    """(active links to each GPU index, active links to NVSwitches, no unexpected error) of one GPU."""
+    state = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
+    remote = getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", None)
+    if state is None or remote is None:
+        return {}, 0, True  # a pynvml without NVLink calls
+    kind_of = getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+    enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+    gpu_type = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_GPU", _NVLINK_GPU)
+    switch_type = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", _NVLINK_SWITCH)
+    peers: dict[int, int] = {}
+    switches, ok = 0, True
+    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", _NVLINK_MAX_LINKS))):
+        try:
+            if state(handle, link) != enabled:
+                continue
+            kind = None
+            if kind_of is not None:
+                try:
+                    kind = kind_of(handle, link)
+                except _not_supported(nvml):
+                    kind = None  # older drivers: decided by the PCI address alone
+            if kind == switch_type:
+                switches += 1
+                continue
+            peer = by_pci.get(_pci_key(remote(handle, link)))
+        except (nvml.NVMLError, AttributeError, TypeError, ValueError) as exc:
+            ok = ok and _expected(nvml, exc)
+            if link == 0 and isinstance(exc, _not_supported(nvml)):
+                break  # no NVLink on this GPU: every link answers the same
+            continue
+        if peer is not None and kind in (None, gpu_type):
+            peers[peer] = peers.get(peer, 0) + 1
+    return peers, switches, ok
+
+
+def _common_ancestor(nvml: Any, a: Any, b: Any) -> tuple[str | None, bool]:
+    """The kind of PCIe path between two GPUs (None when NVML cannot tell), and no unexpected error."""
+    call = getattr(nvml, "nvmlDeviceGetTopologyCommonAncestor", None)
+    if call is None:
+        return None, True
+    try:
+        level = int(call(a, b))
+    except (nvml.NVMLError, TypeError, ValueError) as exc:
+        return None, _expected(nvml, exc)
+    return _ANCESTOR_KINDS.get(level), True
+
+
+def _expected(nvml: Any, exc: BaseException) -> bool:
+    """Whether an error of a link query just means "not on this GPU": NotSupported, FunctionNotFound or
+    InvalidArgument (a link index past the GPU's links)."""
+    invalid = getattr(nvml, "NVMLError_InvalidArgument", None)
+    expected = _not_supported(nvml) + ((invalid,) if invalid is not None else ())
+    if isinstance(exc, expected):
+        return True
+    log.warning("reading GPU links: %s", exc)
+    return False
 
 
 class _QueryFailed(Exception):

@@ -7,7 +7,8 @@ One :meth:`Reporter.tick`:
    the kubelet's PodResources and the GPU processes' pods (:mod:`gputask.agent.attribution`;
    either may be unavailable, which the report says, never a failed tick);
 2. normalise the reading into the device view (malformed entries dropped with a warning, a
-   GPU in MIG mode reported unschedulable, its MIG devices schedulable, see :func:`device_view`);
+   GPU in MIG mode reported unschedulable, its MIG devices schedulable, links only between GPUs
+   read, see :func:`device_view`);
 3. unless backing off: make sure the GPUNode exists (named after the Node, ownerReference to
    the v1 Node when it exists; else created without one and adopted at a later tick);
 4. patch ``status`` when the view changed or the heartbeat is due.
@@ -38,6 +39,7 @@ from gputask.agent.mig import MigInfo
 from gputask.agent.podresources import DISABLED, PodResourcesClient, PodResourcesReading, unavailable
 from gputask.agent.probe import GpuProbe, GpuReading, NodeReading
 from gputask.agent.processes import read_cgroup
+from gputask.core.model import LINK_TYPES, GpuLink
 from gputask.k8s.client import GPUNODES, NODES, AlreadyExists, KubeClient, NotFound
 
 log = logging.getLogger("gputask.agent")
@@ -69,7 +71,34 @@ def device_view(reading: NodeReading) -> NodeReading:
             gpu = replace(gpu, healthy=False, reason=MIG_REASON)
         gpus.append(gpu)
     gpus.sort(key=lambda g: g.index)
-    return NodeReading(str(reading.driver_version or ""), str(reading.cuda_version or ""), tuple(gpus))
+    links = _sound_links(reading.links, {g.index for g in gpus if g.mig is None})
+    return NodeReading(str(reading.driver_version or ""), str(reading.cuda_version or ""), tuple(gpus), links)
+
+
+def _sound_links(links: Any, indices: set[int]) -> tuple[GpuLink, ...]:
+    """The well-formed links between GPUs of ``indices`` (not MIG devices), one per pair, sorted by (a, b)."""
+    kept: dict[tuple[int, int], GpuLink] = {}
+    for link in links if isinstance(links, tuple) else ():
+        problem = _malformed_link(link, indices)
+        if problem:
+            log.warning("dropping malformed GPU link %r: %s", link, problem)
+        else:
+            kept.setdefault((link.a, link.b), link)
+    return tuple(kept[pair] for pair in sorted(kept))
+
+
+def _malformed_link(link: Any, indices: set[int]) -> str:
+    if not isinstance(link, GpuLink):
+        return "not a GpuLink"
+    if not (_whole(link.a) and _whole(link.b) and link.a < link.b):
+        return "a and b must be GPU indices with a < b"
+    if link.a not in indices or link.b not in indices:
+        return "a and b must be GPUs of this reading"
+    if link.kind not in LINK_TYPES:
+        return f"kind must be one of {', '.join(LINK_TYPES)}"
+    if not _whole(link.count) or (link.kind == "NVLink") != (link.count > 0):
+        return "count must be the NVLinks (> 0) of an NVLink pair and 0 otherwise"
+    return ""
 
 
 def _malformed(gpu: Any, seen: set[int]) -> str:
@@ -117,7 +146,21 @@ def gpunode_status(view: NodeReading, heartbeat: dt.datetime, attribution: Attri
         "heartbeatTime": rfc3339(heartbeat),
         "summary": gpu_summary(view),
     }
+    if view.links:
+        status["links"] = links_status(view.links)
     return status | (status_fields(attribution) if attribution is not None else {})
+
+
+def links_status(links: tuple[GpuLink, ...]) -> list[dict[str, Any]]:
+    """The GPUNode's ``links``: one ``{a, b, type, count?}`` per pair of GPUs the agent could read (``count``, the
+    NVLinks between them, only on type NVLink)."""
+    out: list[dict[str, Any]] = []
+    for link in links:
+        entry: dict[str, Any] = {"a": link.a, "b": link.b, "type": link.kind}
+        if link.kind == "NVLink":
+            entry["count"] = link.count
+        out.append(entry)
+    return out
 
 
 def mig_status(info: MigInfo) -> dict[str, Any]:
@@ -332,7 +375,7 @@ class Reporter:
     def _changed(self, old: NodeReading, new: NodeReading) -> bool:
         def fixed(r: NodeReading) -> tuple[Any, ...]:
             gpus = tuple(replace(g, memory_used_mib=0, processes=None) for g in r.gpus)  # processes: attribution
-            return (r.driver_version, r.cuda_version, gpus)
+            return (r.driver_version, r.cuda_version, gpus, r.links)
 
         if fixed(old) != fixed(new):
             return True

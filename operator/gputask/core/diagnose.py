@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from gputask.core.cluster import NodeState
 from gputask.core.fit import NO_CONSTRAINTS, Filter, Toleration
 from gputask.core.flavors import describe_key, split_key
-from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
+from gputask.core.gpulinks import describe
+from gputask.core.model import MILLI_PER_GPU, NodeName, Placement, Task, TaskKey
 from gputask.core.preemption import any_preemption, candidates, may_preempt, needing_preemption
 from gputask.core.quota import GPU, Usage
 from gputask.core.reasons import Wait, could_ever_fit, gang_wait, min_usage, need_text, refusals
@@ -106,7 +107,9 @@ class Diagnosis:
     queue-level reason that keeps it out before any node is looked at; ``changes``: the smallest changes
     that would let it in, most direct first (empty when it fits now or nothing simple would); ``held``: GPUs still
     held for an earlier Job of the task that is gone while its pods are not (``GPUs on node X held until pod Y is
-    gone``), filled in by the adapter, which knows pods.
+    gone``), filled in by the adapter, which knows pods. ``links``: for an admitted task, how the GPUs of each of its
+    pods are connected where its node reports it (``node-a GPUs 0,1,2,3: NVLink x12 each pair``,
+    :func:`gputask.core.gpulinks.describe`).
     """
 
     key: str
@@ -121,6 +124,7 @@ class Diagnosis:
     flavors: tuple[FlavorView, ...] = ()
     changes: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
+    links: tuple[str, ...] = ()
 
 
 def _unit(resource: str) -> str:
@@ -142,7 +146,7 @@ def diagnose(scheduler: SchedulerView, key: TaskKey) -> Diagnosis:
     if entry is not None:
         held = entry.task
         return Diagnosis(key, "admitted", held.queue, held.local_queue, held.priority,
-                         node=", ".join(entry.placement.nodes))
+                         node=", ".join(entry.placement.nodes), links=_links(scheduler, entry.placement))
     task = scheduler.pending.get(key)
     if task is None:
         return Diagnosis(key, "unknown")
@@ -163,6 +167,19 @@ def diagnose(scheduler: SchedulerView, key: TaskKey) -> Diagnosis:
             if change not in changes:
                 changes.append(change)
     return replace(base, flavors=views, changes=tuple(changes))
+
+
+def _links(scheduler: SchedulerView, placement: Placement) -> tuple[str, ...]:
+    """How each pod's GPUs are connected, on nodes that report links (one line per pod of two GPUs or more)."""
+    cluster = scheduler.cluster
+    out: list[str] = []
+    for pod in placement.pods:
+        if len(pod.gpus) < 2 or not cluster.has_node(pod.node):
+            continue
+        text = describe(cluster.node(pod.node).node, pod.indices)
+        if text and f"{pod.node} {text}" not in out:
+            out.append(f"{pod.node} {text}")
+    return tuple(out)
 
 
 def change_for(gate: Wait) -> str:

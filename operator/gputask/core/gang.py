@@ -35,6 +35,7 @@ from typing import Protocol
 from gputask.core.cluster import ClusterState, NodeState, slots_for
 from gputask.core.filters import feasible_gpus, node_fits
 from gputask.core.fit import static_refusal
+from gputask.core.gpulinks import best_connected
 from gputask.core.model import NodeName, Placement, PodPlacement, PodSet, Task, TaskKey
 from gputask.core.snapshot import TrialCluster
 
@@ -236,7 +237,8 @@ class _Try:
             feasible = feasible_gpus(state, one) if node_fits(state, one) else []
             if len(feasible) < pod.request.count:
                 return k
-            placement = Placement.one(name, slots_for(state, one, self.chooser.choose(state, one, feasible)))
+            picked = best_connected(state, self.chooser.choose(state, one, feasible), feasible)  # links: a tie-break
+            placement = Placement.one(name, slots_for(state, one, picked))
             self.trial.reserve(one, placement)
             self.pods[first + k] = placement.only()
         return count

@@ -68,6 +68,25 @@ class Gpu:
     foreign_mib: int = 0
 
 
+LINK_TYPES = ("NVLink", "PCIeSwitch", "HostBridge", "SameNUMANode", "CrossNUMA")
+"""How two GPUs of a node are connected, best first (the agent's reading of NVML; ``nvidia-smi topo -m`` prints
+them as ``NV<count>``, ``PIX``/``PXB``, ``PHB``, ``NODE`` and ``SYS``): NVLink (direct or through NVSwitches, with
+the number of links), a path through PCIe switches only (NVML_TOPOLOGY_INTERNAL, _SINGLE, _MULTIPLE), through
+one PCIe host bridge (_HOSTBRIDGE), through host bridges of one NUMA node (_NODE), across NUMA nodes or
+sockets (_SYSTEM)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLink:
+    """How GPUs ``a`` < ``b`` (NVML indices of one node; never MIG devices) are connected: ``kind`` one of
+    :data:`LINK_TYPES`, ``count`` the NVLinks between them (0 for the other kinds)."""
+
+    a: int
+    b: int
+    kind: str
+    count: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class HostUse:
     """Node resources held by pods gputask did not place (DaemonSets, other workloads): millicores,
@@ -92,7 +111,9 @@ class Node:
     ``labels`` (sorted pairs) and ``taints`` feed the NodeAffinity and TaintToleration
     filters (:mod:`gputask.core.fit`). ``schedulable`` is False for a node that is NotReady,
     cordoned, or whose GPUNode heartbeat is stale; ``unschedulable_reason`` then says which, for the
-    wait messages (it never changes where anything is placed).
+    wait messages (it never changes where anything is placed). ``links``: how pairs of its GPUs are connected,
+    sorted by ``(a, b)`` (empty: not known, all pairs alike); among equal choices a multi-GPU pod gets the
+    best-connected GPUs (:mod:`gputask.core.gpulinks`).
     """
 
     name: NodeName
@@ -106,6 +127,7 @@ class Node:
     ephemeral_mib: int | None = None
     pods: int | None = None
     foreign_use: HostUse = NO_HOST_USE
+    links: tuple[GpuLink, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

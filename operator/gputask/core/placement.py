@@ -15,6 +15,9 @@ them), with evaluations shared by identical nodes (the index's groups). A search
 lookup, not a scan. Other policies (random) first keep the nodes whose aggregates in the
 :class:`NodeIndex` allow a fit (a necessary condition, checked in C over the columns), then
 visit them. None of this changes the result; property tests compare it with a plain scan.
+On a node that reports how its GPUs are connected, a multi-GPU pod then gets the best-connected
+GPUs among those alike to the policy's pick (:func:`~gputask.core.gpulinks.best_connected`): the
+same score and charge, so the node chosen never changes.
 A quota check is asked once per distinct set of picked GPU sizes (:data:`QuotaCheck`).
 
 A task of several pods (:attr:`~gputask.core.model.Task.pods`) is placed all or nothing
@@ -36,6 +39,7 @@ from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
 from gputask.core.filters import feasible_gpus as feasible_gpus
 from gputask.core.filters import node_fits as node_fits
 from gputask.core.gang import GangOutcome, place_gang
+from gputask.core.gpulinks import best_connected
 from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, PodPlacement, Task
 from gputask.core.search import Evaluation, board_for, refuser
 
@@ -360,6 +364,8 @@ def find_placement(
         product_seen = not req.products or any(req.allows(g.product) for s in nodes for g in s.node.gpus)
     if search.best is not None:
         state, picked = search.best[2], search.best[3]
+        if state.node.links and len(picked) > 1:  # among equal choices, the best-connected GPUs
+            picked = best_connected(state, picked, feasible_gpus(state, task))
         return Outcome(Placement.one(state.name, slots_for(state, task, picked)), True)
     return Outcome(None, search.fits_somewhere, search.quota_resource, product_seen)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidQueueError, Node, NodeName, Scheduler
-from gputask.core.model import HostUse, mig_parent_index
+from gputask.core.model import LINK_TYPES, GpuLink, HostUse, mig_parent_index
 from gputask.k8s.foreign import GPU_RESOURCE, MIG_RESOURCE_PREFIX, ForeignPods, occupied_gpus
 from gputask.k8s.usage import DeviceReport, device_report, foreign_mib, pod_memory, sound_pod_memory
 from gputask.manifests import convert
@@ -84,6 +84,43 @@ def allocatable_gpus(node: Mapping[str, Any] | None) -> int | None:
         return sum(int(convert.quantity(v, field="allocatable")) for v in counted)
     except ValueError:
         return None
+
+
+def gpu_links(status: Mapping[str, Any], node: Node) -> tuple[tuple[GpuLink, ...], list[str]]:
+    """The GPUNode's ``status.links`` as core links between ``node``'s GPUs (sorted by pair), and one error line
+    per malformed entry (the agent's shape: ``{a, b, type, count}``, count > 0 on NVLink only, a pair once).
+
+    A link to a GPU the node does not have (refused, or a MIG device) is left out without an error: that GPU's
+    own entry says what is wrong with it. No ``links``: none, every pair alike to placement.
+    """
+    raw = status.get("links")
+    if raw is None:
+        return (), []
+    if not isinstance(raw, list):
+        return (), [f"status.links must be a list, got {raw!r}"]
+    gpus = {g.index for g in node.gpus if mig_parent_index(g.index) is None}
+    found: dict[tuple[int, int], GpuLink] = {}
+    seen: set[tuple[int, int]] = set()
+    errors: list[str] = []
+    for i, entry in enumerate(raw):
+        entry = _mapping(entry)
+        a, b, kind, count = entry.get("a"), entry.get("b"), entry.get("type"), entry.get("count", 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (a, b, count)):
+            errors.append(f"status.links[{i}]: a, b and count must be non-negative integers, got {dict(entry)!r}")
+            continue
+        assert isinstance(a, int) and isinstance(b, int) and isinstance(count, int)
+        if a == b or kind not in LINK_TYPES or (kind == "NVLink") != (count > 0):
+            errors.append(f"status.links[{i}]: two different GPUs, a type of {', '.join(LINK_TYPES)} and a count on "
+                          f"NVLink only, got {dict(entry)!r}")
+            continue
+        pair = (min(a, b), max(a, b))
+        if pair in seen:
+            errors.append(f"status.links[{i}]: GPUs {pair[0]} and {pair[1]} are linked twice")
+            continue
+        seen.add(pair)
+        if a in gpus and b in gpus:
+            found[pair] = GpuLink(pair[0], pair[1], str(kind), count)
+    return tuple(found[pair] for pair in sorted(found)), errors
 
 
 class Inventory:
@@ -221,8 +258,10 @@ class Inventory:
         why = "cordoned" if cordoned else "GPUNode heartbeat stale" if stale else ""
         node, errors = convert.node_from_gpunode(name, status, unschedulable=why)
         node, refused = self._sound(node)
+        links, bad_links = gpu_links(status, node)
+        node = replace(node, links=links) if links else node
         split, lies = sound_pod_memory(pod_memory(status), node)
-        errors = [*errors, *refused, *lies, *([lie] if lie else [])]
+        errors = [*errors, *refused, *bad_links, *lies, *([lie] if lie else [])]
         devices = device_report(status)
         node = self._with_foreign_use(node, convert.reported_used_mib(status), devices, split)
         node = self._with_offer(node)

@@ -40,7 +40,7 @@ from pydantic import (
 from gputask.core import Gpu, InvalidQueueError, Node, NodeName, QueueSpec
 from gputask.core.fit import Taint
 from gputask.core.flavors import Flavor
-from gputask.core.model import MIG_PRODUCT_MARK, mig_device_index, mig_parent_index
+from gputask.core.model import MIG_PRODUCT_MARK, GpuLink, mig_device_index, mig_parent_index
 from gputask.manifests.convert import (
     MAX_GPU_MEMORY_MIB,
     MIB,
@@ -119,12 +119,24 @@ class TaintSpec(_Strict):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
+class LinkSpec(_Strict):
+    """How GPUs ``a`` and ``b`` (indices of the node's GPUs) are connected, as the agent reports it in the
+    GPUNode's ``links``: ``type`` one of :data:`~gputask.core.model.LINK_TYPES`, ``count`` the NVLinks (NVLink
+    only, required there)."""
+
+    a: Annotated[int, Field(ge=0)]
+    b: Annotated[int, Field(ge=0)]
+    type: Literal["NVLink", "PCIeSwitch", "HostBridge", "SameNUMANode", "CrossNUMA"]
+    count: Annotated[int, Field(ge=1)] | None = None
+
+
 class NodeSpec(_Strict):
     """A GPU node; its GPUs get index = position and UUID ``GPU-<node>-<index>``.
 
     ``cpu``, ``memory`` (quantities) and ``pods`` are its allocatable; absent means unlimited.
     ``labels``, ``taints`` and ``unschedulable`` (cordoned) as on a v1 Node; ``kubernetes.io/hostname``
-    is the node's name unless ``labels`` says otherwise, as the kubelet labels every Node.
+    is the node's name unless ``labels`` says otherwise, as the kubelet labels every Node. ``links``: how
+    pairs of its GPUs are connected (absent: not known, every pair alike).
     """
 
     name: KubeName
@@ -135,6 +147,7 @@ class NodeSpec(_Strict):
     pods: Annotated[int, Field(ge=0)] | None = None
     taints: list[TaintSpec] = Field(default_factory=list)
     unschedulable: StrictBool = False
+    links: list[LinkSpec] = Field(default_factory=list)
 
 
 class NodeUpdate(_Strict):
@@ -494,10 +507,28 @@ def core_nodes(scenario: Scenario) -> list[Node]:
             host = None if spec.memory is None else math.floor(_allocatable(spec.memory, f"nodes[{i}].memory") / MIB)
         except ValueError as exc:
             raise ScenarioError(str(exc)) from None
-        node = Node(NodeName(spec.name), tuple(gpus), cpu_milli=cpu, memory_mib=host, pods=spec.pods)
+        node = Node(NodeName(spec.name), tuple(gpus), cpu_milli=cpu, memory_mib=host, pods=spec.pods,
+                    links=_links(spec, f"nodes[{i}]"))
         labels = {HOSTNAME_LABEL: spec.name, **spec.labels}  # as the kubelet labels every Node
         nodes.append(updated(node, labels=labels, taints=spec.taints, unschedulable=spec.unschedulable))
     return nodes
+
+
+def _links(spec: NodeSpec, where: str) -> tuple[GpuLink, ...]:
+    """The node's links sorted by pair; ScenarioError for a GPU it lacks, a pair twice, or a count missing on
+    NVLink or given on another type."""
+    found: dict[tuple[int, int], GpuLink] = {}
+    for k, link in enumerate(spec.links):
+        at = f"{where}.links[{k}]"
+        pair = (min(link.a, link.b), max(link.a, link.b))
+        if link.a == link.b or pair[1] >= len(spec.gpus):
+            raise ScenarioError(f"{at}: a and b must be two different GPUs of 0..{len(spec.gpus) - 1}")
+        if (link.type == "NVLink") != (link.count is not None):
+            raise ScenarioError(f"{at}: count (the NVLinks) is required on type NVLink and only there")
+        if pair in found:
+            raise ScenarioError(f"{at}: GPUs {pair[0]} and {pair[1]} are linked twice")
+        found[pair] = GpuLink(pair[0], pair[1], link.type, link.count or 0)
+    return tuple(found[pair] for pair in sorted(found))
 
 
 def _device_mib(value: Any, field: str) -> int:
