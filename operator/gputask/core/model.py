@@ -192,6 +192,9 @@ class Task:
     ``flavor`` is the ResourceFlavor it is tried or admitted in (``""``: the queue's implicit one),
     ``card_mib`` that flavor's charging card size, ``unflavored`` the task before the flavor was
     applied (:func:`gputask.core.flavors.variant`; None for a task not in a flavor).
+    ``movable`` is ``spec.disruption.movable``: the task may be moved (evicted and re-admitted elsewhere at once) to
+    make room for a task that waits on fragmentation (:mod:`gputask.core.defrag`); None: its GPUClusterQueue's
+    default (:attr:`~gputask.core.quota.QueueSpec.movable`).
     """
 
     key: TaskKey
@@ -210,6 +213,7 @@ class Task:
     card_mib: int | None = None
     unflavored: Task | None = None
     pod_sets: tuple[PodSet, ...] = ()
+    movable: bool | None = None
 
     def __post_init__(self) -> None:
         first = self.pod_sets[0] if self.pod_sets else None
