@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from gputask.core.cache import Cache
 from gputask.core.cluster import NodeState
 from gputask.core.decisions import Admit, CycleStats, Decision, Evict, Pending, Wait
-from gputask.core.defrag import ENABLED, Defragmenter, fragmented
+from gputask.core.defrag import Defragmenter, fragmented
 from gputask.core.flavors import ineligible, variant
 from gputask.core.model import NodeName, Placement, PodPlacement, Task, TaskKey
 from gputask.core.placement import Outcome, Policy, QuotaCheck, TotalQuotaCheck, find_placement
@@ -320,7 +320,10 @@ class Cycle:
             known = Wait(known.reason, "; ".join(f"flavor {t.flavor}: {k.message}" for t, k in tried), known.filters)
         if self.defrag.enabled:
             stuck = next((t for t, k in tried if k.reason is Reason.FRAGMENTED), None)
-            moved = [] if stuck is None else self._defragment(stuck, memo, now)
+            moved = [] if stuck is None else self.defrag.attempt(
+                stuck, self.cache, self.queues, self.moves, self.policy, now, memo.defrag_failed, probing=self._probing)
+            if moved is None:
+                raise _WouldChange
             if moved:
                 return moved
         if spec.strategy == "StrictFIFO" and known.reason is not Reason.INADMISSIBLE:  # the never-fitting block nobody
@@ -352,20 +355,6 @@ class Cycle:
             return []
         _, _, chosen, plan = min(plans, key=lambda p: (p[0], p[1]))
         return self._start(chosen, plan, now)
-
-    def _defragment(self, task: Task, memo: _CycleMemo, now: float) -> list[Decision]:
-        """Move tasks so ``task`` (waiting Fragmented) fits (:class:`~gputask.core.defrag.Defragmenter`); [] when
-        no plan holds, or when the plan is only reported (DryRun)."""
-        attempt = ((task.queue, task.fit_key), task.priority)
-        if attempt in memo.defrag_failed:
-            return []
-        plan, _ = self.defrag.plan(task, self.cache, self.policy, now)
-        if plan is None:
-            memo.defrag_failed.add(attempt)
-            return []
-        if self._probing and self.defrag.config.mode == ENABLED:
-            raise _WouldChange
-        return self.defrag.act(plan, self.cache, self.queues, self.moves, now)
 
     def _variants(self, task: Task, spec: QueueSpec) -> list[Task]:
         """``task`` in each flavor of ``spec`` it may use, in the queue's order (:mod:`gputask.core.flavors`);

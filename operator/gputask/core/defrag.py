@@ -37,8 +37,8 @@ from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.decisions import Decision, Evict, Pending, Wait
 from gputask.core.errors import OverCommitError
 from gputask.core.ledger import Entry
-from gputask.core.model import NodeName, Placement, Task, TaskKey
-from gputask.core.placement import Policy, candidate_rows, feasible_gpus, find_placement, node_fits
+from gputask.core.model import NodeName, Placement, PodPlacement, Task, TaskKey
+from gputask.core.placement import Policy, QuotaCheck, candidate_rows, feasible_gpus, find_placement, node_fits
 from gputask.core.preemption import Victim, could_fit_without
 from gputask.core.queueing import Queues
 from gputask.core.quota import QuotaBook, usage_of
@@ -233,9 +233,12 @@ class Defragmenter:
         return None
 
     # -- planning -------------------------------------------------------------------------------------
-    def plan(self, task: Task, cache: Cache, policy: Policy, now: float) -> tuple[DefragPlan | None, str]:
+    def plan(
+        self, task: Task, cache: Cache, policy: Policy, now: float, *, count: bool = False
+    ) -> tuple[DefragPlan | None, str]:
         """The best plan for waiting ``task`` at ``now`` and why there is none (``""`` with a plan). Changes
-        nothing but ``wake_at`` and the budget-refusal count. Works on snapshots only."""
+        nothing but ``wake_at`` and, with ``count`` (the cycle's attempts), the count of plans budgets refused.
+        Works on snapshots only."""
         config = self.config
         if not task.single_pod:
             return None, "not yet planned for tasks of several pods"
@@ -244,7 +247,7 @@ class Defragmenter:
             return None, "outside the maintenance window (defragmentation.schedule)"
         left = self.moves_left(now)
         if left == 0:
-            self.stats.refused_by_budget += 1
+            self.stats.refused_by_budget += count
             self._wake(self.log[0][0] + config.window_s)
             return None, f"no moves left: maxMovesPerWindow {config.max_moves_per_window} spent in the window"
         by_node: dict[NodeName, list[Entry]] = {}
@@ -266,7 +269,7 @@ class Defragmenter:
         if not by_node:
             detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
             if any("moves left" in why for why in reasons):
-                self.stats.refused_by_budget += 1
+                self.stats.refused_by_budget += count
             return None, f"no running task may move ({detail or 'none runs'})"
         cluster = cache.cluster
         nodes = [name for name in sorted(by_node) if _ok(cluster.node(name), task)]
@@ -328,6 +331,25 @@ class Defragmenter:
         return DefragPlan(task, here, tuple(sorted(moves, key=lambda m: m.task.key)))
 
     # -- acting ---------------------------------------------------------------------------------------
+    def attempt(
+        self, task: Task, cache: Cache, queues: Queues, moves: Transitions, policy: Policy, now: float,
+        failed: set[tuple[object, ...]], *, probing: bool = False,
+    ) -> list[Decision] | None:
+        """The cycle's step for ``task`` waiting Fragmented: plan, then act (:meth:`act`). ``failed`` holds the
+        (queue, shape, priority) whose plan failed earlier in this cycle (capacity and budgets only shrink within
+        it: a later task alike fails too). None, instead of acting, when ``probing`` and the plan would change
+        state (the cycle then walks); [] when no plan holds or it is only reported (DryRun)."""
+        attempt = ((task.queue, task.fit_key), task.priority)
+        if attempt in failed:
+            return []
+        plan, _ = self.plan(task, cache, policy, now, count=True)
+        if plan is None:
+            failed.add(attempt)
+            return []
+        if probing and self.config.mode == ENABLED:
+            return None
+        return self.act(plan, cache, queues, moves, now)
+
     def act(self, plan: DefragPlan, cache: Cache, queues: Queues, moves: Transitions, now: float) -> list[Decision]:
         """Apply ``plan`` (Enabled) or report it (DryRun); [] when reported, or when it no longer holds."""
         if self.config.mode == DRY_RUN:
@@ -394,10 +416,10 @@ def _rows(cluster: ClusterState, task: Task) -> list[NodeName]:
     return [index.states[r].name for r in sorted(rows)]
 
 
-def _quota(quotas: QuotaBook, task: Task) -> Callable[[NodeState, object], str | None]:
-    def check(state: NodeState, placement: object) -> str | None:
+def _quota(quotas: QuotaBook, task: Task) -> QuotaCheck:
+    def check(state: NodeState, placement: PodPlacement) -> str | None:
         memory = {g.index: g.memory_mib for g in state.node.gpus}
-        return quotas.refuses(task.queue, usage_of(placement, memory, task.flavor, task.card_mib))  # type: ignore[arg-type]
+        return quotas.refuses(task.queue, usage_of(placement, memory, task.flavor, task.card_mib))
 
     return check
 

@@ -28,7 +28,6 @@ from collections.abc import Iterable, Sequence
 from gputask.core.budget import MemoryBudget
 from gputask.core.cache import Cache
 from gputask.core.cycle import Cycle
-from gputask.core.defrag import DefragConfig, DefragPlan, Defragmenter
 from gputask.core.decisions import (
     MERGE_ADDED,
     TRACKED_POSITIONS,
@@ -39,6 +38,7 @@ from gputask.core.decisions import (
     Fail,
     Pending,
 )
+from gputask.core.defrag import DefragConfig, Defragmenter, DefragPlan
 from gputask.core.ledger import Entry
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
 from gputask.core.placement import DEFAULT_POLICY, Policy, make_policy
