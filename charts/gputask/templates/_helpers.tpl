@@ -106,4 +106,11 @@ fairSharing:
 memoryBudget:
   action: {{ toYaml $c.memoryBudget.action }}
   toleranceMiB: {{ toYaml $c.memoryBudget.toleranceMiB }}
+defragmentation:
+  mode: {{ toYaml $c.defragmentation.mode }}
+  minRuntime: {{ toYaml $c.defragmentation.minRuntime }}
+  maxMovesPerWindow: {{ toYaml $c.defragmentation.maxMovesPerWindow }}
+  window: {{ toYaml $c.defragmentation.window }}
+  priorityThreshold: {{ toYaml $c.defragmentation.priorityThreshold }}
+  schedule: {{ toYaml $c.defragmentation.schedule | quote }}
 {{- end }}

@@ -250,6 +250,7 @@ def task_from_manifest(
         created=timestamp(meta.get("creationTimestamp")),
         namespace_labels=tuple(sorted((namespace_labels or {}).items())),
         max_reschedules=_int_field(spec, "maxReschedules", 3, 0, 1000),
+        movable=movable(spec, _bad),
         cpu_milli=requests.cpu_milli,
         memory_mib=requests.memory_mib,
         ephemeral_mib=requests.ephemeral_mib,
@@ -310,6 +311,20 @@ def _section(parent: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[s
     value = parent.get(key) or {}
     if not isinstance(value, Mapping):
         raise InvalidQueueError(f"{prefix}{key} must be an object, got {value!r}")
+    return value
+
+
+def movable(spec: Mapping[str, Any], bad: Callable[[str], Exception]) -> bool | None:
+    """``spec.disruption.movable`` (None when unset: the GPUClusterQueue's default); ``bad(message)`` is raised
+    for a value that is no boolean."""
+    disruption = spec.get("disruption")
+    if disruption is None:
+        return None
+    if not isinstance(disruption, Mapping):
+        raise bad(f"spec.disruption must be an object, got {disruption!r}")
+    value = disruption.get("movable")
+    if value is not None and not isinstance(value, bool):
+        raise bad(f"spec.disruption.movable must be true or false, got {value!r}")
     return value
 
 
@@ -388,6 +403,7 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None, *, open_defau
         flavors=flavors,
         when_can_borrow=when_can_borrow,
         when_can_preempt=when_can_preempt,
+        movable=bool(movable(spec, InvalidQueueError)),
     )
 
 
