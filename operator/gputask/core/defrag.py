@@ -36,7 +36,7 @@ from gputask.core.cache import Cache
 from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.decisions import Decision, Evict, Pending, Wait
 from gputask.core.errors import OverCommitError
-from gputask.core.ledger import Entry
+from gputask.core.ledger import Entry, Ledger
 from gputask.core.model import NodeName, Placement, PodPlacement, Task, TaskKey
 from gputask.core.placement import Policy, QuotaCheck, candidate_rows, feasible_gpus, find_placement, node_fits
 from gputask.core.preemption import Victim, could_fit_without
@@ -261,6 +261,7 @@ class Defragmenter:
                     queue_left[queue] = self.moves_left(now, queue)
                 if queue_left[queue] == 0:
                     why = f"queue {queue!r} has no moves left in the window"
+                    self._wake(min(t for t, q in self.log if q == queue) + config.window_s)
             if why is not None:
                 reasons[why] = reasons.get(why, 0) + 1
                 continue
@@ -289,6 +290,8 @@ class Defragmenter:
                         best = found
             if best is not None:
                 return best, ""
+        if self.log and (left < MAX_PLAN_MOVES or any(n < MAX_PLAN_MOVES for n in queue_left.values())):
+            self._wake(self.log[0][0] + config.window_s)  # more moves, once some leave the window, might
         return None, f"no move of up to {min(MAX_PLAN_MOVES, left)} movable tasks makes room on one node"
 
     def _try(
@@ -309,6 +312,7 @@ class Defragmenter:
         if here is None:
             return None
         _book(trial, task, here, cache)
+        _departing(trial, moved)
         moves = []
         for entry in sorted(moved, key=lambda e: (-_gpus(e.placement), e.task.key)):  # the hardest first
             mover = entry.task
@@ -424,6 +428,14 @@ def _quota(quotas: QuotaBook, task: Task) -> QuotaCheck:
     return check
 
 
+def _departing(trial: Trial, moved: Iterable[Entry]) -> None:
+    """Hold on the trial what the moved tasks' old pods keep until their workloads are gone: what the waiting task
+    did not take of their GPUs (as :meth:`~gputask.core.transitions.Transitions.hold_departing` holds it live)."""
+    holds = Ledger(trial.cluster, trial.quotas)
+    for entry in moved:
+        holds.hold(TaskKey(f"{entry.task.key}#departing"), entry.placement, fit=True)
+
+
 def _book(trial: Trial, task: Task, placement: Placement, cache: Cache) -> None:
     """Reserve and charge ``placement`` on the trial (its usage as the ledger reckons it)."""
     trial.cluster.reserve(task, placement)
@@ -432,7 +444,8 @@ def _book(trial: Trial, task: Task, placement: Placement, cache: Cache) -> None:
 
 def plan_holds(plan: DefragPlan, cache: Cache) -> bool:
     """Check ``plan`` from scratch on a fresh snapshot: every moved task still runs where the plan found it, and
-    once they are gone the waiting task and every moved task fit together, pod by pod (the node's filters and
+    once they are gone the waiting task and then every moved task (beside what their old pods still hold) fit together,
+    pod by pod (the node's filters and
     free host resources, :func:`~gputask.core.placement.node_fits`; the GPUs and their MiB, a reservation that
     refuses to over-commit) and within their queues' quota. Changes nothing."""
     trial = Trial.of(cache.cluster, cache.quotas)
@@ -445,7 +458,9 @@ def plan_holds(plan: DefragPlan, cache: Cache) -> bool:
         trial.cluster.release(move.task.key)
         trial.quotas.charge(entry.task.queue, entry.usage, -1)
     placed = [(plan.task, plan.placement)] + [(m.task, m.target) for m in plan.moves]
-    for task, placement in placed:
+    for n, (task, placement) in enumerate(placed):
+        if n == 1:  # the moved tasks' old pods run on until their workloads are gone
+            _departing(trial, [Entry(m.task, m.origin, {}, 0.0) for m in plan.moves])
         if len(task.pods) != len(placement.pods):
             return False
         for i, (pod, where) in enumerate(zip(task.pods, placement.pods, strict=True)):
