@@ -30,9 +30,10 @@ Shape (YAML)::
     defragmentation:                # move opted-in tasks so a task waiting on fragmentation fits (issue 32)
       mode: Disabled                # Disabled | DryRun (plans reported, nothing moved) | Enabled
       minRuntime: 5m                # a task runs at least this long before it may be moved
-      maxMovesPerWindow: 4          # moves per queue, and in the whole cluster, within any window
+      maxMovesPerWindow: 4          # moves in the whole cluster (so per queue too) within any window
       window: 1h                    # the sliding window of maxMovesPerWindow
       priorityThreshold: 0          # moved priority - waiting priority at most this (0: lower or equal)
+      maxMovesPerQueue: null        # moves of one queue's tasks per window; null = maxMovesPerWindow
       schedule: ""                  # cron (5 fields, UTC): the minutes moves may start in; "" = any time
 
 Durations accept seconds as a number or a string with s/m/h suffix.
@@ -124,6 +125,7 @@ class DefragmentationConfig(BaseModel):
     max_moves_per_window: StrictInt = Field(4, alias="maxMovesPerWindow", ge=1, le=10_000)
     window_s: Duration = Field(3600.0, alias="window", gt=0)
     priority_threshold: StrictInt = Field(0, alias="priorityThreshold")
+    max_moves_per_queue: StrictInt | None = Field(None, alias="maxMovesPerQueue", ge=0, le=10_000)
     schedule: str = ""
 
     @model_validator(mode="after")
@@ -140,7 +142,7 @@ class DefragmentationConfig(BaseModel):
 
         allowed = None if not self.schedule else cron_window(self.schedule)
         return DefragConfig(self.mode, self.min_runtime_s, self.max_moves_per_window, self.window_s,
-                            self.priority_threshold, allowed)
+                            self.priority_threshold, self.max_moves_per_queue, allowed)
 
 
 def cron_window(expression: str) -> Callable[[float], bool]:

@@ -9,7 +9,7 @@ import pytest
 from test_core_scheduler import GIB, node, placed, queue, task
 
 from gputask.core import GpuRequest, Placement, PodPlacement, PodSet, Scheduler, Task, TaskKey
-from gputask.core.decisions import Admit, Decision, Evict, Pending
+from gputask.core.decisions import Admit, Decision, Evict
 from gputask.core.defrag import DefragConfig, plan_holds
 from gputask.core.model import GpuSlot, NodeName
 from gputask.core.quota import ResourceQuota
@@ -164,30 +164,27 @@ def test_a_spent_window_refuses_until_a_move_leaves_it() -> None:
 
 
 def test_each_queue_has_its_own_budget() -> None:
-    s = Scheduler(nodes=[node("a", 24, 24, 24, 24), node("b", 24, 24, 24, 24)],
-                  defragmentation=replace(ON, max_moves_per_window=1))
-    for name in ("q", "r"):
-        s.set_queue(queue(name))
-    s.restore(*small("s1", "a", 0, queue_name="q"), admitted_at=0.0)
-    s.restore(*small("s2", "a", 1, queue_name="q"), admitted_at=0.0)
-    s.restore(*small("s3", "b", 0), admitted_at=0.0)
-    s.restore(*small("s4", "b", 1), admitted_at=0.0)
-    s.submit(BIG)
-    assert said(s.cycle(100.0))[0][2] == "Fragmented"  # a cluster budget of 1 cannot move 2
-    s = Scheduler(nodes=[node("a", 24, 24, 24, 24), node("b", 24, 24, 24, 24)],
-                  defragmentation=replace(ON, max_moves_per_window=2))
-    for name in ("q", "r"):
-        s.set_queue(queue(name))
-    s.defrag.log.append((90.0, "q"))  # q moved one task in the window: one left for q, so not both of s1, s2
-    for name, gpu in (("s1", 0), ("s2", 1)):
-        s.restore(*small(name, "a", gpu), admitted_at=0.0)
-    for name, gpu in (("s3", 0), ("s4", 1)):
-        s.restore(*small(name, "b", gpu, queue_name="r"), admitted_at=0.0)
-    s.submit(BIG)
+    def two_queues(config: DefragConfig) -> Scheduler:
+        s = Scheduler(nodes=[node("a", 24, 24, 24, 24), node("b", 24, 24, 24, 24)], defragmentation=config)
+        for name in ("q", "r"):
+            s.set_queue(queue(name))
+        for name, gpu in (("s1", 0), ("s2", 1)):  # the only plan moves both of q's tasks off a
+            s.restore(*small(name, "a", gpu), admitted_at=0.0)
+        for name, gpu in (("s3", 0), ("s4", 1)):
+            s.restore(*small(name, "b", gpu, movable=False, queue_name="r"), admitted_at=0.0)
+        s.submit(BIG)
+        return s
+
+    s = two_queues(replace(ON, max_moves_per_queue=1))
     assert said(s.cycle(100.0))[0][2] == "Fragmented"
-    plan, _ = s.defrag_plan(BIG, 100.0)
-    assert plan is None
-    assert said(s.cycle(3690.0))[0][2] == "Defragmented"  # q's move left the window: the cycle woke for it
+    assert s.defrag_plan(BIG, 100.0)[1] == "no move of up to 3 movable tasks makes room on one node"
+    s = two_queues(replace(ON, max_moves_per_queue=2))
+    s.defrag.log.append((90.0, "q"))  # one of q's two moves spent: the window wakes the cycle when it leaves
+    assert said(s.cycle(100.0))[0][2] == "Fragmented"
+    assert said(s.cycle(3690.0))[0][2] == "Defragmented"
+    s = two_queues(replace(ON, max_moves_per_queue=2))
+    s.defrag.log.append((90.0, "r"))  # another queue's move does not count against q
+    assert said(s.cycle(100.0))[0][2] == "Defragmented"
 
 
 def test_outside_the_schedule_nothing_moves_and_the_next_minute_is_tried() -> None:

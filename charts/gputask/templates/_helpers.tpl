@@ -112,5 +112,6 @@ defragmentation:
   maxMovesPerWindow: {{ toYaml $c.defragmentation.maxMovesPerWindow }}
   window: {{ toYaml $c.defragmentation.window }}
   priorityThreshold: {{ toYaml $c.defragmentation.priorityThreshold }}
+  maxMovesPerQueue: {{ toYaml $c.defragmentation.maxMovesPerQueue }}
   schedule: {{ toYaml $c.defragmentation.schedule | quote }}
 {{- end }}

@@ -65,7 +65,8 @@ class DefragConfig:
     """The operator's ``defragmentation`` section as the core reads it (seconds).
 
     ``priority_threshold``: a task may move for a waiting one when its priority minus the waiting task's is at most
-    this (0: lower or equal; -1: strictly lower). ``allowed_at(now)``: the maintenance window (``schedule``), None:
+    this (0: lower or equal; -1: strictly lower). ``max_moves_per_queue``: the moves of one queue's tasks in the
+    window (None: ``max_moves_per_window``, which bounds every queue anyway). ``allowed_at(now)``: the maintenance window (``schedule``), None:
     any time."""
 
     mode: str = DISABLED
@@ -73,6 +74,7 @@ class DefragConfig:
     max_moves_per_window: int = 4
     window_s: float = 3600.0
     priority_threshold: int = 0
+    max_moves_per_queue: int | None = None
     allowed_at: Callable[[float], bool] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -211,7 +213,11 @@ class Defragmenter:
         """Moves the cluster (``queue`` None) or ``queue`` may still make in the window ending at ``now``."""
         self._trim(now)
         used = sum(1 for _, q in self.log if queue is None or q == queue)
-        return max(0, self.config.max_moves_per_window - used)
+        config = self.config
+        most = config.max_moves_per_window
+        if queue is not None and config.max_moves_per_queue is not None:
+            most = min(most, config.max_moves_per_queue)
+        return max(0, most - used)
 
     def _wake(self, at: float) -> None:
         self.wake_at = min(self.wake_at, at)
