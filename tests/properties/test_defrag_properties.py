@@ -37,7 +37,8 @@ def clusters(draw: st.DrawFn) -> tuple[Scheduler, Task, dict[TaskKey, Task]]:
         for g in picked:
             free[where].remove(g)
         key = TaskKey(f"ns/t{i}")
-        t = Task(key, "q", GpuRequest(count), priority=draw(st.integers(0, 2)), movable=draw(st.sampled_from((True, True, True, False))))
+        movable = draw(st.sampled_from((True, True, True, False)))
+        t = Task(key, "q", GpuRequest(count), priority=draw(st.integers(0, 2)), movable=movable)
         s.restore(t, Placement((PodPlacement(where, tuple(GpuSlot(g, f"{where}-{g}", MIB) for g in picked)),)),
                   admitted_at=float(draw(st.integers(0, 900))))
         tasks[key] = t

@@ -66,8 +66,8 @@ class DefragConfig:
 
     ``priority_threshold``: a task may move for a waiting one when its priority minus the waiting task's is at most
     this (0: lower or equal; -1: strictly lower). ``max_moves_per_queue``: the moves of one queue's tasks in the
-    window (None: ``max_moves_per_window``, which bounds every queue anyway). ``allowed_at(now)``: the maintenance window (``schedule``), None:
-    any time."""
+    window (None: ``max_moves_per_window``, which bounds every queue anyway). ``allowed_at(now)``: the maintenance
+    window (``schedule``), None: any time."""
 
     mode: str = DISABLED
     min_runtime_s: float = 300.0
