@@ -11,6 +11,7 @@ from test_core_scheduler import GIB, node, placed, queue, task
 from gputask.core import GpuRequest, Placement, PodPlacement, PodSet, Scheduler, Task, TaskKey
 from gputask.core.decisions import Admit, Decision, Evict
 from gputask.core.defrag import DefragConfig, plan_holds
+from gputask.core.diagnose import diagnose
 from gputask.core.model import GpuSlot, NodeName
 from gputask.core.quota import ResourceQuota
 
@@ -263,3 +264,25 @@ def test_a_plan_that_no_longer_holds_is_not_applied() -> None:
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="defragmentation mode 'On'"):
         DefragConfig(mode="On")
+
+
+def test_explain_shows_the_plan_it_would_run_and_why_not_yet() -> None:
+    s = cluster(admitted_at=50.0)
+    s.submit(BIG)
+    s.cycle(100.0)
+    assert diagnose(s, TaskKey("ns/big"), 100.0).defragmentation == (
+        "mode Enabled; no plan now: no running task may move (4 runs for less than minRuntime)",
+        "4 of 4 moves left in the window",
+    )
+    assert diagnose(s, TaskKey("ns/big"), 110.0).defragmentation == (
+        "mode Enabled; the plan: place it on a after 2 move(s), 0.03 GPU-hours of work lost",
+        "move ns/s1 (priority 0) from a to b",
+        "move ns/s2 (priority 0) from a to b",
+        "4 of 4 moves left in the window",
+    )
+    dry = cluster(replace(ON, mode="DryRun"))
+    dry.submit(BIG)
+    assert diagnose(dry, TaskKey("ns/big"), 100.0).defragmentation[0].startswith(
+        "mode DryRun; the plan (not run: DryRun): place it on a")
+    assert diagnose(s, TaskKey("ns/s1"), 100.0).defragmentation == ()  # running
+    assert diagnose(s, TaskKey("ns/big")).defragmentation == ()  # no time given: not asked

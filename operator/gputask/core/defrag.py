@@ -340,6 +340,24 @@ class Defragmenter:
             moves.append(Move(mover, entry.placement, target, _lost(entry, now)))
         return DefragPlan(task, here, tuple(sorted(moves, key=lambda m: m.task.key)))
 
+    def explain(self, task: Task, cache: Cache, policy: Policy, now: float) -> tuple[str, ...]:
+        """For a task that waits Fragmented: the mode, the plan (each move, where it goes, the work lost) and the
+        budget left, or why there is no plan; () for any other task. Changes nothing but ``wake_at``."""
+        if fragmented(task, cache.cluster, cache.quotas, cache.largest_gpu_mib) is None:
+            return ()
+        mode = self.config.mode
+        plan, why = self.plan(task, cache, policy, now)
+        left = f"{self.moves_left(now)} of {self.config.max_moves_per_window} moves left in the window"
+        if plan is None:
+            return (f"mode {mode}; no plan now: {why}", left)
+        run = "" if mode == ENABLED else f" (not run: {mode})"
+        lines = [f"mode {mode}; the plan{run}: place it on {', '.join(plan.placement.nodes)} after "
+                 f"{len(plan.moves)} move(s), {plan.lost_gpu_s / 3600:.2f} GPU-hours of work lost"]
+        lines += [f"move {m.task.key} (priority {m.task.priority}) from {', '.join(m.origin.nodes)} to "
+                  f"{', '.join(m.target.nodes)}" for m in plan.moves]
+        lines.append(left)
+        return tuple(lines)
+
     # -- acting ---------------------------------------------------------------------------------------
     def attempt(
         self, task: Task, cache: Cache, queues: Queues, moves: Transitions, policy: Policy, now: float,

@@ -227,6 +227,10 @@ class Scheduler:
         whatever the mode; changes nothing (planned on snapshots)."""
         return self.defrag.plan(task, self.cache, self.policy, now)
 
+    def defrag_lines(self, task: Task, now: float) -> tuple[str, ...]:
+        """What ``gputask explain`` says of defragmentation for ``task`` at ``now`` (:meth:`Defragmenter.explain`)."""
+        return self.defrag.explain(task, self.cache, self.policy, now)
+
     def never_admits(self, task: Task) -> bool:
         """True when ``task``'s GPUClusterQueue exists and never admits it (its namespaceSelector does not select
         the task's namespace): such a task has no queue position and is not counted in the queue's pending work."""
