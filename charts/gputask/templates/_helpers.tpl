@@ -113,5 +113,5 @@ defragmentation:
   window: {{ toYaml $c.defragmentation.window }}
   priorityThreshold: {{ toYaml $c.defragmentation.priorityThreshold }}
   maxMovesPerQueue: {{ toYaml $c.defragmentation.maxMovesPerQueue }}
-  schedule: {{ toYaml $c.defragmentation.schedule | quote }}
+  schedule: {{ $c.defragmentation.schedule | quote }}
 {{- end }}
