@@ -14,6 +14,10 @@ Two measurements, each in this one process (no pool), written to ``bench/results
    100 new tasks, walking every pending task as before and as the scheduler does now (skipped, incremental).
 3. **syntheticFlavors**: part 2 with the quota split into one ResourceFlavor per product (the default
    policy only): what trying a task in each flavor in turn costs.
+4. **gangs** (:func:`gang_speed`, issue 30): gangs of 8 and 64 pods of 8 whole GPUs placed (``find_placement``, all
+   or nothing, then reserved) on 1,000 and 5,000 8-GPU nodes, with no topology and with a required domain of 32
+   nodes (label ``example.com/rack``); milliseconds per gang and per pod (the median of the gangs placed until a
+   quarter of the cluster is full).
 
 Peak RSS (``resource.getrusage``) is reported after each part; it only grows, so a later
 part's figure covers the earlier ones. Timings depend on the machine: the JSON names it.
@@ -27,6 +31,7 @@ import os
 import platform
 import random
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,15 +41,18 @@ from gputask.core import (
     DEFAULT_POLICY,
     GPU,
     Admit,
+    ClusterState,
     Gpu,
     GpuRequest,
     Node,
     NodeName,
+    PodSet,
     QueueSpec,
     ResourceQuota,
     Scheduler,
     Task,
     TaskKey,
+    find_placement,
     make_policy,
 )
 from gputask.core.flavors import Flavor, flavored
@@ -209,6 +217,31 @@ def later_cycles(
     return out
 
 
+def gang_speed(nodes: int, pods: int, *, domain: int | None, policy: str = DEFAULT_POLICY) -> dict[str, Any]:
+    """Median ms per gang and per pod placing gangs of ``pods`` x 8 GPUs on ``nodes`` empty 8-GPU nodes (module doc)."""
+    rack = "example.com/rack"
+    cluster_nodes = [
+        Node(NodeName(f"node-{i:05d}"), tuple(Gpu(g, f"n{i}-g{g}", "NVIDIA-H100", 81559) for g in range(8)),
+             labels=() if domain is None else ((rack, f"r{i // domain:04d}"),))
+        for i in range(nodes)
+    ]
+    cluster = ClusterState(cluster_nodes)
+    chosen = make_policy(policy)
+    times: list[float] = []
+    for number in range(max(1, nodes // 4 // pods)):
+        task = Task.of_pod_sets(TaskKey(f"bench/gang-{number}"), "q", (PodSet("workers", pods, GpuRequest(8)),),
+                                topology_required=None if domain is None else rack)
+        start = time.perf_counter()
+        placement = find_placement(cluster, task, chosen).placement
+        times.append(time.perf_counter() - start)
+        if placement is None:
+            break
+        cluster.reserve(task, placement)
+    median = statistics.median(times) * 1000
+    return {"nodes": nodes, "pods": pods, "domainNodes": domain, "gangs": len(times),
+            "msPerGang": round(median, 2), "msPerPod": round(median / pods, 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both parts and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -229,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace": trace_speed(args.trace_dir, args.policies.split(",")),
         "synthetic": {p: synthetic_speed(args.nodes, args.tasks, p) for p in args.synthetic_policies.split(",")},
         "syntheticFlavors": {DEFAULT_POLICY: synthetic_speed(args.nodes, args.tasks, DEFAULT_POLICY, flavors=True)},
+        "gangs": [gang_speed(n, p, domain=d) for n in (1000, 5000) for d in (None, 32) for p in (8, 64)],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

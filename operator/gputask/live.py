@@ -378,6 +378,10 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
             text = "; ".join(verdict.refusals) if not verdict.fits else "fits" if verdict.quota is None else (
                 f"fits, but its charge there exceeds the quota of {verdict.quota}")
             out(f"    {verdict.node}: {text}")
+        if view.gang:
+            out("  gang (best try, every pod at once):")
+            for line in view.gang:
+                out(f"    {line}")
         if view.preemption.victims:
             names = ", ".join(f"{v.key} (priority {v.priority}, {v.queue})" for v in view.preemption.victims)
             out(f"  preemption: would evict {names} on node {view.preemption.node}")

@@ -66,16 +66,17 @@ WHOLE = GpuRequest(1)
 
 
 def test_a_task_of_two_podsets_is_placed_pod_by_pod_in_podset_order_and_pods_share_a_node() -> None:
-    """Launcher then workers, each pod seeing the GPUs the earlier pods took: best fit fills the 2-GPU node
-    with two pods, the third goes to the other node."""
+    """Launcher then workers, each pod seeing the GPUs the earlier pods took: best fit puts the launcher on the
+    2-GPU node; the two workers go together on the node that takes both (fewest nodes first, issue 30), not
+    one on each node."""
     cluster = ClusterState([node("a", 24, 24), node("b", 24, 24, 24)])
     t = gang("train", ("launcher", 1, WHOLE), ("workers", 2, GpuRequest(1, memory_mib=20 * GIB)))
     outcome = find_placement(cluster, t, make_policy("bestfit"))
     assert (outcome.placement, reserved(cluster)) == (
         Placement((
             pod("launcher", "a", (0, 24 * GIB)),
-            pod("worker-0", "a", (1, 20 * GIB)),
-            pod("worker-1", "b", (0, 20 * GIB)),
+            pod("worker-0", "b", (0, 20 * GIB)),
+            pod("worker-1", "b", (1, 20 * GIB)),
         )),
         {"a": [0, 0], "b": [0, 0, 0]},  # a search reserves nothing
     )
@@ -177,24 +178,27 @@ def test_preempting_a_task_of_several_pods_frees_all_of_its_pods() -> None:
     )
 
 
-def test_a_multi_pod_preemptor_is_not_planned_yet() -> None:
-    """Preemption for a task of several pods is left to the gangs issue: the pair waits, nothing is evicted."""
+def test_a_multi_pod_preemptor_evicts_what_blocks_one_of_its_pods() -> None:
+    """A high-priority pair needs both GPUs; the one-GPU task on a is preempted and the pair is nominated to a
+    and b (gang preemption, issue 30)."""
     one = Task(TaskKey("ns/one"), "q", WHOLE)
     s = scheduler([node("a", 24), node("b", 24)], within="LowerPriority")
     s.submit(one)
     s.cycle()
     s.submit(gang("pair", ("workers", 2, WHOLE), priority=10))
-    assert [type(d).__name__ for d in s.cycle(1.0)] == ["Pending"]
+    assert [(type(d).__name__, str(getattr(d, "reason", ""))) for d in s.cycle(1.0)] == [
+        ("Evict", "Preempted"), ("Pending", "Preempting")]
 
 
 def test_a_node_pod_limit_counts_pods_not_tasks() -> None:
-    """A node that takes one more pod takes one pod of a pair, not both: the second pod goes elsewhere."""
-    cluster = ClusterState([node("a", 24, 24, pods=1), node("b", 24, 24, 24)])
+    """A node that takes one more pod takes one pod of a pair, not both, though its GPUs could take both: the
+    second pod goes elsewhere."""
+    cluster = ClusterState([node("a", 24, 24, pods=1), node("b", 24)])
     t = gang("pair", ("workers", 2, WHOLE))
     placement = find_placement(cluster, t, make_policy("bestfit")).placement
     assert placement is not None
     cluster.reserve(t, placement)
-    assert ([p.node for p in placement.pods], {s.name: s.pods_used for s in cluster}) == (["a", "b"], {"a": 1, "b": 1})
+    assert ([p.node for p in placement.pods], {s.name: s.pods_used for s in cluster}) == (["b", "a"], {"a": 1, "b": 1})
 
 
 def test_podsets_need_unique_names_and_a_positive_count() -> None:

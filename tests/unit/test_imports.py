@@ -6,10 +6,10 @@
 - nothing but the demo imports the emulator and fakes (``gputask.testing``); tests may;
 - the node agent imports only itself, the core, the configuration and the API client (no operator logic, no
   simulator, emulator, manifests or kopf);
-- inside the adapter: the records, reports, Job records and API vocabulary (``k8s/records.py``, ``reports.py``,
-  ``jobrecords.py``, ``resources.py``, ``timestamps.py``) import no I/O module (client, writer, transitions,
-  executor, controller, loop, handlers, informers, Kueue mode, kopf, aiohttp); the workload interface
-  (``k8s/workload.py``) imports neither the controller nor an I/O module.
+- inside the adapter: the records, phase changes, reports, Job records and API vocabulary (``k8s/records.py``,
+  ``phases.py``, ``reports.py``, ``jobrecords.py``, ``resources.py``, ``timestamps.py``) import no I/O module
+  (client, writer, transitions, executor, controller, loop, handlers, informers, Kueue mode, kopf, aiohttp); the
+  workload interface (``k8s/workload.py``) imports neither the controller nor an I/O module.
 - no import circle among the core's modules (:func:`import_cycles`; the scheduler split into cache, queue
   manager, cycle and view, issue 29).
 Imports are read from the source (every ``import`` statement, ``TYPE_CHECKING`` ones included, and imports inside
@@ -50,7 +50,8 @@ def _under(module: str, *prefixes: str) -> bool:
 IO_MODULES = tuple(f"gputask.k8s.{m}" for m in (
     "client", "kubeconfig", "writer", "tasks", "executor", "controller", "loop", "handlers", "informer", "main",
     "leader", "kueue", "kueue_admission", "relabel", "pinner", "queue_status")) + ("kopf", "aiohttp", "kubernetes")
-PURE_ADAPTER = ("k8s/records.py", "k8s/reports.py", "k8s/jobrecords.py", "k8s/resources.py", "k8s/timestamps.py")
+PURE_ADAPTER = ("k8s/records.py", "k8s/phases.py", "k8s/reports.py", "k8s/jobrecords.py", "k8s/resources.py",
+                "k8s/timestamps.py")
 
 
 CONTRACTS = (
@@ -82,7 +83,7 @@ CONTRACTS = (
         or _under(m, "gputask.agent", "gputask.core", "gputask.config", "gputask.k8s.client") or m == "gputask",
     ),
     Contract(
-        "the adapter's records, reports and API vocabulary import no I/O module",
+        "the adapter's records, phase changes, reports and API vocabulary import no I/O module",
         PURE_ADAPTER,
         lambda m: not _under(m, *IO_MODULES),
     ),
@@ -152,7 +153,7 @@ def test_each_contract_catches_a_planted_violation(tmp_path: Path) -> None:
         "only the demo imports gputask.testing": ["agent/bad.py: gputask.testing"],
         "the agent imports only itself, the core, the configuration and the API client": [
             "agent/bad.py: gputask.k8s.controller", "agent/bad.py: gputask.testing"],
-        "the adapter's records, reports and API vocabulary import no I/O module": [
+        "the adapter's records, phase changes, reports and API vocabulary import no I/O module": [
             "k8s/records.py: gputask.k8s.client", "k8s/reports.py: gputask.k8s.writer"],
         "the workload interface imports neither the controller nor an I/O module": [
             "k8s/workload.py: gputask.k8s.controller"],

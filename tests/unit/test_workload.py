@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from gputask.core import GpuSlot, NodeName, Placement, TaskKey
-from gputask.k8s.client import EVENTS, GPUTASKS, JOBS
+from gputask.k8s.client import EVENTS, GPUTASKS, JOBS, Resource
+from gputask.k8s.jobrecords import JobRecord
 from gputask.k8s.records import TaskRecords
 from gputask.k8s.tasks import Transitions
 from gputask.k8s.workload import GPUTaskWorkload, PodSetInfo, Workload, owner_uid, workload_of
@@ -70,3 +71,28 @@ async def test_status_and_events_go_where_the_workload_says() -> None:
     assert (stored["status"]["phase"], stored["status"]["jobName"], event["involvedObject"], event["reason"]) == (
         "Admitted", "t-1", {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUTask", "name": "t", "namespace": "ml",
                             "uid": obj["metadata"]["uid"]}, "Admitted")
+
+
+async def test_a_gputask_is_stopped_by_deleting_its_job_with_the_eviction_s_propagation() -> None:
+    """Stopping goes through the workload: a GPUTask's Job is deleted (through the writer, on the fake: gone, and a
+    second stop says it was gone already), Foreground for a preemption, Background otherwise."""
+    client = FakeKubeClient()
+    obj = _stored(client)
+    uid = obj["metadata"]["uid"]
+    workload = workload_of(TaskRecords().add(TaskKey("ml/t"), uid, obj))
+    await client.create(JOBS, workload.job_for(PLACEMENT, attempt=1, queue="cq"), "ml")
+    job = JobRecord("t-1", "ml", uid, 1, PLACEMENT)
+    writer = Writer(client)
+    stopped = (await workload.stop(writer, job, "NodeFailure"), await workload.stop(writer, job, "NodeFailure"))
+    sent: list[tuple[str, str, str | None, str]] = []
+
+    class Recorder:
+        async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
+                         propagation: str = "Background") -> bool:
+            sent.append((res.plural, name, namespace, propagation))
+            return True
+
+    await workload.stop(Recorder(), job, "Preempted")
+    await workload.stop(Recorder(), job, "PlacementConflict")
+    assert (stopped, client.all(JOBS, "ml"), sent) == ((True, False), [], [
+        ("jobs", "t-1", "ml", "Foreground"), ("jobs", "t-1", "ml", "Background")])

@@ -449,8 +449,6 @@ class Cycle:
     def plan(self, task: Task) -> Plan | None:
         """The preemption that would make room for ``task`` (Kueue's ``GetTargets``, see
         :mod:`gputask.core.preemption`), None when none does. Tried on a snapshot: the cache is left as it was."""
-        if not task.single_pod:  # preemption for a task of several pods: not yet (gangs, issue 30)
-            return None
         quotas = self.cache.quotas
         spec, least = quotas.specs[task.queue], self.min_usage(task)
         if not may_preempt(spec, least, fair=quotas.fair_sharing(task.queue)):
@@ -460,7 +458,10 @@ class Cycle:
         if not found:
             return None
         trial = Trial.of(self.cache.cluster, quotas)
-        return Planner(trial.cluster, trial.quotas, self.policy).targets(task, found, self.strategies, needing)
+        planner = Planner(trial.cluster, trial.quotas, self.policy)
+        if task.gang:
+            planner.least = least
+        return planner.targets(task, found, self.strategies, needing)
 
     def _start(self, task: Task, plan: Plan, now: float) -> list[Decision]:
         """Evict ``plan``'s victims and nominate ``task`` to their GPUs."""

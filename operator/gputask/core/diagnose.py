@@ -21,7 +21,7 @@ from gputask.core.flavors import describe_key, split_key
 from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey
 from gputask.core.preemption import any_preemption, candidates, may_preempt, needing_preemption
 from gputask.core.quota import GPU, Usage
-from gputask.core.reasons import Wait, could_ever_fit, min_usage, need_text, refusals
+from gputask.core.reasons import Wait, could_ever_fit, gang_wait, min_usage, need_text, refusals
 from gputask.core.view import SchedulerView
 
 
@@ -80,13 +80,16 @@ class PreemptionView:
 
 @dataclass(frozen=True, slots=True)
 class FlavorView:
-    """The task tried in one flavor (``""``: the queue's implicit one): its quota, nodes and preemption."""
+    """The task tried in one flavor (``""``: the queue's implicit one): its quota, nodes and preemption; for a gang
+    (several pods, or a required topology) ``gang`` says where each pod of its best try would go (``workers-0 on
+    a1: GPUs 0, 1``, ``workers-3: no node``) and, when not every pod fits, what blocks the rest (the wait message)."""
 
     flavor: str
     quota: tuple[QuotaLine, ...]
     nodes: tuple[NodeVerdict, ...]
     preemption: PreemptionView
     ever: bool = True
+    gang: tuple[str, ...] = ()
 
     @property
     def fits_now(self) -> bool:
@@ -204,7 +207,24 @@ def _flavor_view(scheduler: SchedulerView, task: Task) -> FlavorView:
         needs = min((c.get(resource, 0) for c in charges), default=amount)
         lines.append(QuotaLine(resource, needs, quotas.available(task.queue, resource), _unit(resource)))
     ever = any(could_ever_fit(state, task) for state in scheduler.cluster.sorted_nodes())
-    return FlavorView(task.flavor, tuple(lines), tuple(verdicts), _preemption(scheduler, task, least), ever)
+    gang = _gang_lines(scheduler, task) if task.gang else ()
+    return FlavorView(task.flavor, tuple(lines), tuple(verdicts), _preemption(scheduler, task, least), ever, gang)
+
+
+def _gang_lines(scheduler: SchedulerView, task: Task) -> tuple[str, ...]:
+    """Each pod of the gang's best try (quota aside) and, when a pod has no node, why (module :mod:`reasons`)."""
+    outcome = scheduler.place(task)
+    found = outcome.gang
+    pods = outcome.placement.pods if outcome.placement is not None else found.partial if found is not None else ()
+    names = [f"{pod.name}-{i}" for pod in task.podsets for i in range(pod.count)]
+    lines = []
+    for name, placed in zip(names, pods or [None] * len(names), strict=True):
+        gpus = "" if placed is None else ", ".join(map(str, placed.indices))
+        lines.append(f"{name}: no node" if placed is None else f"{name} on {placed.node}: GPUs {gpus}")
+    if outcome.placement is None and found is not None:
+        domain = f" (domain {task.topology}={found.domain})" if found.domain is not None else ""
+        lines.append(f"blocked{domain}: {gang_wait(task, found, scheduler.cluster).message}")
+    return tuple(lines)
 
 
 def _preemption(scheduler: SchedulerView, task: Task, least: dict[str, int]) -> PreemptionView:

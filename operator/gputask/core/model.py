@@ -195,6 +195,10 @@ class Task:
     ``movable`` is ``spec.disruption.movable``: the task may be moved (evicted and re-admitted elsewhere at once) to
     make room for a task that waits on fragmentation (:mod:`gputask.core.defrag`); None: its GPUClusterQueue's
     default (:attr:`~gputask.core.quota.QueueSpec.movable`).
+    ``topology_required`` / ``topology_preferred`` name a node label key (``topology.kubernetes.io/zone``, a rack
+    label, ``nvidia.com/gpu.clique``): required = every pod on nodes that share one value of it (a node without the
+    label takes none); preferred = its pods on as few values (domains) as possible. At most one is set; None: any
+    nodes (:mod:`gputask.core.gang` places them).
     """
 
     key: TaskKey
@@ -214,8 +218,12 @@ class Task:
     unflavored: Task | None = None
     pod_sets: tuple[PodSet, ...] = ()
     movable: bool | None = None
+    topology_required: str | None = None
+    topology_preferred: str | None = None
 
     def __post_init__(self) -> None:
+        if self.topology_required is not None and self.topology_preferred is not None:
+            raise ValueError(f"{self.key}: topology is required or preferred, not both")
         first = self.pod_sets[0] if self.pod_sets else None
         if first is not None and (first.request, first.cpu_milli, first.memory_mib, first.ephemeral_mib,
                                   first.constraints) != (self.request, self.cpu_milli, self.memory_mib,
@@ -270,14 +278,26 @@ class Task:
         if not self.pod_sets:
             return self
         return replace(self, request=pod.request, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib,
-                       ephemeral_mib=pod.ephemeral_mib, constraints=pod.constraints, pod_sets=())
+                       ephemeral_mib=pod.ephemeral_mib, constraints=pod.constraints, pod_sets=(),
+                       topology_required=None, topology_preferred=None)
+
+    @property
+    def topology(self) -> str | None:
+        """The node label key of its topology, required or preferred (None: none)."""
+        return self.topology_required or self.topology_preferred
+
+    @property
+    def gang(self) -> bool:
+        """True when :mod:`gputask.core.gang` places it: several pods, or a required topology (which a one-pod task
+        meets only on a node carrying the label)."""
+        return not self.single_pod or self.topology_required is not None
 
     @property
     def fit_key(self) -> tuple[object, ...]:
         """Everything placement and quota read of the task: two tasks with equal keys fit the same nodes alike
         and charge the same quota (the flavor is part of it: two flavors alike to placement differ in quota)."""
-        if self.pod_sets:
-            return (self.pod_sets, self.flavor, self.card_mib)
+        if self.pod_sets or self.topology is not None:
+            return (self.podsets, self.flavor, self.card_mib, self.topology_required, self.topology_preferred)
         if self.flavor:
             return (self.request, self.cpu_milli, self.memory_mib, self.ephemeral_mib, self.constraints, self.flavor,
                     self.card_mib)

@@ -18,23 +18,25 @@ visit them. None of this changes the result; property tests compare it with a pl
 A quota check is asked once per distinct set of picked GPU sizes (:data:`QuotaCheck`).
 
 A task of several pods (:attr:`~gputask.core.model.Task.pods`) is placed all or nothing
-(:func:`_find_pods`): pod by pod on a trial copy of the cluster, each pod seeing what the earlier
-pods of the task took (pods may share a node), and admitted only when every pod has its node and
-GPUs; the live cluster never holds part of it.
+(:mod:`gputask.core.gang`): pod by pod on a copy-on-write trial of the cluster, each pod seeing what
+the earlier pods of the task took (pods may share a node), fewest nodes first, inside its topology
+domain; admitted only when every pod has its node and GPUs; the live cluster never holds part of it.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import ge
 from typing import TYPE_CHECKING, Protocol
 
 from gputask.core.cluster import ClusterState, NodeIndex, NodeState, slots_for
-from gputask.core.fit import static_refusal
-from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, PodPlacement, Task, TaskKey
+from gputask.core.filters import feasible_gpus as feasible_gpus
+from gputask.core.filters import node_fits as node_fits
+from gputask.core.gang import GangOutcome, place_gang
+from gputask.core.model import MILLI_PER_GPU, GpuRequest, Placement, PodPlacement, Task
 from gputask.core.search import Evaluation, board_for, refuser
 
 if TYPE_CHECKING:
@@ -53,54 +55,6 @@ distinct set of picked GPU sizes in a search and reuses the answer for alike can
 TotalQuotaCheck = Callable[[Placement], "str | None"]
 """The quota test of a whole placement of a task of several pods (its pods' usage summed): None when it fits,
 else the name of the resource that binds."""
-
-
-def feasible_gpus(state: NodeState, task: Task) -> list[int]:
-    """Positions of GPUs on ``state`` that could each hold one GPU of ``task``.
-
-    Checks health, product, exclusivity (whole-GPU tasks need idle GPUs), free MiB and the share group
-    (a shared GPU takes only tasks of the group already on it).
-    Node-level checks (schedulable, CPU, host memory, count) are in :func:`node_fits`.
-    """
-    req = task.request
-    allows = req.allows
-    gpus = state.node.gpus
-    if req.exclusive:
-        return [pos for pos, gpu in enumerate(gpus) if allows(gpu.product) and state.is_idle(pos)]
-    out: list[int] = []
-    group, groups = req.share_group, state.groups
-    for pos, gpu in enumerate(gpus):
-        if not allows(gpu.product):
-            continue
-        need = req.mib_on(gpu)
-        held = groups[pos]  # state.admits, inlined: this loop is placement's hottest
-        if state.free_mib(pos) >= need and need <= gpu.memory_mib and (not held or (len(held) == 1 and group in held)):
-            out.append(pos)
-    return out
-
-
-def node_fits(state: NodeState, task: Task) -> bool:
-    """Node-level filters (:mod:`gputask.core.fit`): schedulable (NodeUnschedulable), enough GPUs at
-    all, taints tolerated and selector/affinity matched, then cpu, memory, ephemeral-storage and a pod
-    slot free (NodeResourcesFit). :func:`gputask.core.reasons.refusals` names the one that refuses."""
-    node = state.node
-    if not node.schedulable or len(node.gpus) < task.request.count:
-        return False
-    if (node.taints or task.constraints is not None) and static_refusal(
-        task.constraints, node.labels, node.taints, node.name
-    ) is not None:
-        return False
-    cpu_free = state.cpu_free
-    if cpu_free is not None and task.cpu_milli > cpu_free:
-        return False
-    mem_free = state.memory_free_mib
-    if mem_free is not None and task.memory_mib > mem_free:
-        return False
-    pods_free = state.pods_free
-    if pods_free is not None and pods_free < 1:
-        return False
-    storage_free = state.ephemeral_free_mib
-    return storage_free is None or task.ephemeral_mib <= storage_free
 
 
 def free_milli_after(state: NodeState, picked: Sequence[int], request: GpuRequest) -> int:
@@ -321,13 +275,15 @@ class Outcome:
 
     ``placement`` is set when a node fits. Otherwise ``fits_somewhere`` says whether any node
     fitted physically (then ``quota_resource`` names the quota that refused every one).
-    ``product_seen`` is False when no node carries an allowed product.
+    ``product_seen`` is False when no node carries an allowed product. ``gang``: for a task placed by
+    :mod:`gputask.core.gang`, its outcome (the best partial try, for the wait messages).
     """
 
     placement: Placement | None
     fits_somewhere: bool = False
     quota_resource: str | None = None
     product_seen: bool = True
+    gang: GangOutcome | None = None
 
 
 def candidate_rows(index: NodeIndex, task: Task) -> list[int]:
@@ -377,11 +333,12 @@ def find_placement(
     asking ``quota`` about every fitting node; the outcome is the same. Pure: the cluster is not
     changed (only its caches).
 
-    A task of several pods is placed by :func:`_find_pods`: ``quota`` is not asked (it judges one pod);
-    ``total_quota`` judges the whole placement once every pod has one.
+    A task of several pods, or with a required topology, is placed by :func:`gputask.core.gang.place_gang`:
+    ``quota`` is not asked (it judges one pod); ``total_quota`` judges the whole placement once every pod has one.
     """
-    if not task.single_pod:
-        return _find_pods(cluster, task, policy, total_quota=total_quota, nodes=nodes)
+    if task.gang:
+        found = place_gang(cluster, task, policy, nodes=nodes, total_quota=total_quota)
+        return Outcome(found.placement, found.fits_somewhere, found.quota_resource, found.product_seen, found)
     req = task.request
     search = _Search()
     policy.prepare(cluster, task)
@@ -405,42 +362,6 @@ def find_placement(
         state, picked = search.best[2], search.best[3]
         return Outcome(Placement.one(state.name, slots_for(state, task, picked)), True)
     return Outcome(None, search.fits_somewhere, search.quota_resource, product_seen)
-
-
-def _find_pods(
-    cluster: ClusterState,
-    task: Task,
-    policy: Policy,
-    *,
-    total_quota: TotalQuotaCheck | None,
-    nodes: Sequence[NodeState] | None,
-) -> Outcome:
-    """All-or-nothing placement of a task of several pods (Kueue's all-or-nothing admission of a Workload's
-    PodSets; gang scheduling as in coscheduling and Volcano).
-
-    Each pod, in :attr:`Task.pods` order, gets the policy's best node on a trial copy of ``cluster`` in which
-    the earlier pods of the task are reserved (as one-pod tasks), so it sees the GPUs and host resources
-    they took and may share a node with them. The outcome holds a placement only when every pod got one and
-    ``total_quota`` (if given) allows the whole; else ``fits_somewhere`` says whether every pod fitted
-    physically and ``quota_resource`` names the quota that refused. ``cluster`` is not changed.
-    """
-    trial = cluster.copy()
-    names = None if nodes is None else [s.name for s in nodes]
-    pods: list[PodPlacement] = []
-    for i, pod in enumerate(task.pods):
-        one = replace(task.pod_task(pod), key=TaskKey(f"{task.key}#{i}"))
-        scope = None if names is None else [trial.node(name) for name in names]
-        found = find_placement(trial, one, policy, nodes=scope)
-        if found.placement is None:
-            return Outcome(None, False, None, found.product_seen)
-        placed = found.placement.only()
-        trial.reserve(one, found.placement)
-        pods.append(placed)
-    placement = Placement(tuple(pods))
-    refused = None if total_quota is None else total_quota(placement)
-    if refused is not None:
-        return Outcome(None, True, refused)
-    return Outcome(placement, True)
 
 
 def _choose(state: NodeState, task: Task, policy: Policy) -> tuple[int, ...] | None:

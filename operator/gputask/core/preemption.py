@@ -43,11 +43,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gputask.core.cluster import ClusterState, NodeState
-from gputask.core.fit import static_refusal
-from gputask.core.ledger import Entry
-from gputask.core.model import GpuSlot, Placement, PodPlacement, Task
-from gputask.core.placement import Policy, QuotaCheck, find_placement
-from gputask.core.quota import QueueSpec, QuotaBook, Usage, usage_of
+from gputask.core.gang import domain_of
+from gputask.core.model import GpuSlot, NodeName, Placement, PodPlacement, Task, TaskKey
+from gputask.core.placement import Policy, QuotaCheck, TotalQuotaCheck, find_placement
+from gputask.core.quota import QueueSpec, QuotaBook, Usage, placement_usage, usage_of
+from gputask.core.snapshot import TrialCluster
+from gputask.core.victims import Plan as Plan
+from gputask.core.victims import Victim as Victim
+from gputask.core.victims import candidates as candidates
+from gputask.core.victims import could_fit_without as could_fit_without
+from gputask.core.victims import victim_allowed as victim_allowed
 
 STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
 DEFAULT_STRATEGIES = STRATEGIES
@@ -63,24 +68,6 @@ def strategies_of(names: Sequence[str]) -> tuple[str, ...]:
     if len(out) == 2 and out != STRATEGIES:
         raise ValueError(f"the second preemption strategy can only be LessThanInitialShare, got {list(out)}")
     return out
-
-
-@dataclass(slots=True)
-class Victim:
-    """A running task that may be preempted: task, placement, usage, admission time (s)."""
-
-    task: Task
-    placement: Placement
-    usage: Usage
-    admitted_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Preempt ``victims`` (each with every pod of it) so ``placement``, on one node, fits the preemptor."""
-
-    placement: Placement
-    victims: tuple[Victim, ...]
 
 
 def any_preemption(spec: QueueSpec) -> bool:
@@ -138,13 +125,17 @@ def under_nominal(quotas: QuotaBook, queue: str, resources: Iterable[str]) -> bo
 @dataclass(slots=True)
 class _Run:
     """One node's trial: the candidates taken so far (released), whether borrowing is still allowed, and
-    under fair sharing the share the preemptor's queue must end below (:meth:`Planner._fair`; None: any)."""
+    under fair sharing the share the preemptor's queue must end below (:meth:`Planner._fair`; None: any).
+    A gang's trial (``state`` None) runs over the nodes of ``scope`` (None: every node); ``useful`` are the
+    candidates that free room a pod of the gang could use there (:meth:`Planner._gang_scopes`)."""
 
-    state: NodeState
+    state: NodeState | None
     allow_borrowing: bool
     taken: list[Victim] = field(default_factory=list)
     placement: Placement | None = None
     share_below: float | None = None
+    scope: list[NodeName] | None = None
+    useful: frozenset[TaskKey] = frozenset()
 
 
 class Planner:
@@ -156,6 +147,7 @@ class Planner:
         self.quotas = quotas
         self.policy = policy
         self.needing: tuple[str, ...] | None = None  # resources needing preemption (None: all listed)
+        self.least: Usage | None = None  # the least a gang preemptor charges (set by the cycle for a gang)
 
     @contextmanager
     def _without(self, victims: list[Victim]) -> Iterator[None]:
@@ -203,17 +195,8 @@ class Planner:
         A plan keeps the placement found for exactly its victims (policies such as random may answer
         differently on each call, so it is never recomputed).
         """
-        by_node: dict[str, list[Victim]] = {}
-        for victim in found:  # a victim of several pods is a candidate on each of its nodes; it goes whole
-            for node in victim.placement.nodes:
-                by_node.setdefault(node, []).append(victim)
         best: tuple[tuple[object, ...], Plan] | None = None
-        for name in sorted(by_node):
-            state = self.cluster.node(name)  # type: ignore[arg-type]
-            on_node = by_node[name]
-            if not could_fit_without(state, task, on_node):
-                continue  # the node filters would refuse it even with every candidate gone
-            run = _Run(state, allow_borrowing)
+        for name, run, on_node in self._runs(task, found, allow_borrowing):
             try:
                 search(run, on_node)
                 if run.placement is not None:
@@ -236,6 +219,69 @@ class Planner:
                 best = (score, Plan(placement, tuple(victims)))
         return None if best is None else best[1]
 
+    def _runs(self, task: Task, found: list[Victim], allow_borrowing: bool) -> Iterator[tuple[str, _Run, list[Victim]]]:
+        """The trials of ``_best``: (name, run, its candidates in order). One per node holding candidates whose
+        filters could take the task once they are gone; for a gang, one per domain of its required topology
+        (every node when none) where some candidate frees room a pod of it could use."""
+        if task.gang:
+            for name, scope, useful in self._gang_scopes(task, found):
+                yield name, _Run(None, allow_borrowing, scope=scope, useful=useful), found
+            return
+        by_node: dict[str, list[Victim]] = {}
+        for victim in found:  # a victim of several pods is a candidate on each of its nodes; it goes whole
+            for node in victim.placement.nodes:
+                by_node.setdefault(node, []).append(victim)
+        for name in sorted(by_node):
+            state = self.cluster.node(name)  # type: ignore[arg-type]
+            on_node = by_node[name]
+            if could_fit_without(state, task, on_node):  # else the node filters refuse it with every candidate gone
+                yield name, _Run(state, allow_borrowing), on_node
+
+    def _gang_scopes(
+        self, task: Task, found: list[Victim]
+    ) -> list[tuple[str, list[NodeName] | None, frozenset[TaskKey]]]:
+        """(domain, its nodes, the useful candidates) for a gang: a candidate is useful in a domain when one of
+        its pods is on a node of the domain where some pod of the gang could pass the filters and find enough GPUs
+        once every candidate there is gone (:func:`could_fit_without`). The others free room no pod of the gang
+        can use (Kueue #5243: capacity split over nodes that fit no pod), so they are taken only while quota is
+        what is short (:meth:`_minimal`). Without a required topology, one scope: every node."""
+        on_node: dict[NodeName, list[Victim]] = {}
+        for victim in found:
+            for node in victim.placement.nodes:
+                on_node.setdefault(node, []).append(victim)
+        pods = [task.pod_task(pod) for pod in task.podsets]
+        helps = {
+            node: any(could_fit_without(self._current(node), pod, victims) for pod in pods)
+            for node, victims in on_node.items() if self.cluster.has_node(node)
+        }
+        key = task.topology_required
+        if key is None:
+            useful = frozenset(v.task.key for v in found if any(helps.get(n, False) for n in v.placement.nodes))
+            return [("", None, useful)]
+        domains: dict[str, list[NodeName]] = {}
+        for state in self.cluster.index().states:
+            value = domain_of(self._current(state.name), key)
+            if value is not None:
+                domains.setdefault(value, []).append(state.name)
+        out: list[tuple[str, list[NodeName] | None, frozenset[TaskKey]]] = []
+        for value in sorted(domains):
+            members = set(domains[value])
+            useful = frozenset(
+                v.task.key for v in found if any(n in members and helps.get(n, False) for n in v.placement.nodes)
+            )
+            if useful or self._quota_short(task):
+                out.append((value, domains[value], useful))
+        return out
+
+    def _current(self, name: NodeName) -> NodeState:
+        """A node's state to read (a trial's without copying it)."""
+        cluster = self.cluster
+        return cluster.current(name) if isinstance(cluster, TrialCluster) else cluster.node(name)
+
+    def _quota_short(self, task: Task) -> bool:
+        """True when the least the task charges (:attr:`least`) does not fit its queue's quota as the trial has it."""
+        return self.least is not None and self.quotas.refuses(task.queue, self.least) is not None
+
     # -- Kueue's minimalPreemptions and fillBackWorkloads, on one node -------------------------------
     def _minimal(self, task: Task, run: _Run, ordered: list[Victim], threshold: int | None) -> None:
         """Take candidates in order until the task fits (Kueue's ``minimalPreemptions``, module doc).
@@ -244,6 +290,8 @@ class Planner:
         borrowing for the rest of the trial.
         """
         for candidate in ordered:
+            if run.state is None and candidate.task.key not in run.useful and not self._quota_short(task):
+                continue  # a gang: it frees only room no pod can use, and quota is not short (Kueue #5243)
             if candidate.task.queue != task.queue:
                 if not self.quotas.is_borrowing(candidate.task.queue, self.needing):
                     continue  # taking it would push its queue below its nominal quota
@@ -343,8 +391,7 @@ class Planner:
         """
         if run.share_below is None or run.placement is None:
             return True
-        gpus = run.state.node.gpus
-        usage = usage_of(run.placement.only(), {g.index: g.memory_mib for g in gpus}, task.flavor, task.card_mib)
+        usage = self._usage(task, run.placement)
         if self.quotas.share(task.queue, usage) < run.share_below:
             return True
         return self.quotas.beyond_nominal(task.queue, usage) is None and not self.quotas.is_borrowing(task.queue)
@@ -356,6 +403,9 @@ class Planner:
         run.share_below = target_share if run.share_below is None else min(run.share_below, target_share)
 
     def _release(self, victim: Victim) -> None:
+        for name in victim.placement.nodes:  # a snapshot copies a node on first read: the release must see it
+            if self.cluster.has_node(name):
+                self.cluster.node(name)
         self.cluster.release(victim.task.key)
         self.quotas.charge(victim.task.queue, victim.usage, -1)
 
@@ -366,6 +416,10 @@ class Planner:
     def _fits(self, task: Task, run: _Run) -> Placement | None:
         """Where ``task`` goes on the run's node as it is now (its victims released), within quota
         and, unless borrowing is allowed, within its queue's nominal quota."""
+        if run.state is None:  # a gang: every pod, over the run's scope, its whole charge judged at once
+            nodes = None if run.scope is None else [self._current(n) for n in run.scope]
+            total = self.total_check(task, allow_borrowing=run.allow_borrowing)
+            return find_placement(self.cluster, task, self.policy, nodes=nodes, total_quota=total).placement
         if not could_fit_without(run.state, task, []):
             return None
         quota = self.quota_check(task, allow_borrowing=run.allow_borrowing)
@@ -385,9 +439,28 @@ class Planner:
 
         return check
 
-    def _request_on(self, task: Task, state: NodeState) -> Usage:
+    def total_check(self, task: Task, *, allow_borrowing: bool = True) -> TotalQuotaCheck:
+        """:meth:`quota_check` for the whole placement of a gang (its pods' charges summed)."""
+
+        def check(placement: Placement) -> str | None:
+            usage = self._usage(task, placement)
+            refused = self.quotas.refuses(task.queue, usage)
+            if refused is None and not allow_borrowing:
+                refused = self.quotas.beyond_nominal(task.queue, usage)
+            return refused
+
+        return check
+
+    def _usage(self, task: Task, placement: Placement) -> Usage:
+        """What ``placement`` charges ``task``'s queue (every pod, on its node's GPU sizes)."""
+        return placement_usage(placement, lambda n: {g.index: g.memory_mib for g in self._current(n).node.gpus},
+                               task.flavor, task.card_mib)
+
+    def _request_on(self, task: Task, state: NodeState | None) -> Usage:
         """What ``task`` would charge on ``state``'s largest allowed GPUs (its exact charge on a node
         of identical GPUs): the request Kueue's fair-sharing shares are computed with."""
+        if state is None:  # a gang: the least it charges (the cycle's min_usage)
+            return dict(self.least or {})
         req = task.request
         gpus = sorted((g for g in state.node.gpus if req.allows(g.product)), key=lambda g: -g.memory_mib)
         slots = tuple(GpuSlot(g.index, g.uuid, req.mib_on(g)) for g in gpus[: req.count])
@@ -437,138 +510,3 @@ class _QueueHeap:
 
     def push(self, queue: str, share: float, victims: list[Victim]) -> None:
         self.entries[queue] = (share, victims)
-
-
-def could_fit_without(state: NodeState, task: Task, victims: list[Victim]) -> bool:
-    """Whether ``task`` could pass the node filters and find enough GPUs on ``state`` once ``victims`` are
-    gone, reckoned without touching the state. Never False where the real search (``node_fits`` and
-    ``feasible_gpus`` after releasing them) would find enough: so skipping a trial it refuses changes
-    nothing, not even a random policy's draws (they happen only once a node has enough GPUs)."""
-    node, req = state.node, task.request
-    if not node.schedulable or len(node.gpus) < req.count:
-        return False
-    if (node.taints or task.constraints is not None) and static_refusal(
-        task.constraints, node.labels, node.taints, node.name
-    ) is not None:
-        return False
-    freed = {"cpu": 0, "memory": 0, "storage": 0}
-    mib = [0] * len(node.gpus)
-    held = [False] * len(node.gpus)
-    groups_left = [dict(g) for g in state.groups]  # shared reservations per share group once the victims are gone
-    pods_freed = 0
-    for victim in victims:
-        for pod, placed in zip(victim.task.pods, victim.placement.pods, strict=True):
-            if placed.node != state.name:
-                continue  # a victim's pod on another node frees nothing here
-            pods_freed += 1
-            freed["cpu"] += pod.cpu_milli
-            freed["memory"] += pod.memory_mib
-            freed["storage"] += pod.ephemeral_mib
-            for slot in placed.gpus:
-                pos = state.position.get(slot.index)
-                if pos is not None and node.gpus[pos].uuid == slot.uuid:
-                    mib[pos] += slot.memory_mib
-                    held[pos] = True
-                    if not pod.request.exclusive:
-                        group = pod.request.share_group
-                        groups_left[pos][group] = groups_left[pos].get(group, 0) - 1
-    for free, need, key in ((state.cpu_free, task.cpu_milli, "cpu"), (state.memory_free_mib, task.memory_mib, "memory"),
-                            (state.ephemeral_free_mib, task.ephemeral_mib, "storage")):
-        if free is not None and need > free + freed[key]:
-            return False
-    pods = state.pods_free
-    if pods is not None and pods + pods_freed < 1:
-        return False
-    usable = 0
-    for pos, gpu in enumerate(node.gpus):
-        if not gpu.healthy or not req.allows(gpu.product):
-            continue
-        reserved = state.reserved_mib[pos] - mib[pos]
-        exclusive = state.exclusive[pos] and not held[pos]
-        if req.exclusive:
-            usable += reserved <= 0 and gpu.foreign_mib == 0
-        elif not exclusive and gpu.memory_mib - gpu.foreign_mib - reserved >= req.mib_on(gpu):
-            other_groups = any(count > 0 and g != req.share_group for g, count in groups_left[pos].items())
-            usable += req.mib_on(gpu) <= gpu.memory_mib and not other_groups
-    return usable >= req.count
-
-
-def _removal_order(victim: Victim, preemptor_queue: str) -> tuple[object, ...]:
-    """Kueue's ``candidatesOrdering``: other queues' tasks first, then lowest priority, then the most
-    recently admitted, then the newest task."""
-    return (
-        victim.task.queue == preemptor_queue,
-        victim.task.priority,
-        -victim.admitted_at,
-        -victim.task.created,
-        victim.task.key,
-    )
-
-
-# -- eligibility: who may be preempted ---------------------------------------------------------------
-
-
-def victim_allowed(preemptor: Task, victim: Task, quotas: QuotaBook, resources: Sequence[str] | None = None) -> bool:
-    """Kueue's ``findCandidates`` for one running task (module doc): True when the queues'
-    policies let ``preemptor`` preempt ``victim`` now (another queue's task only while it borrows)."""
-    spec = quotas.specs.get(preemptor.queue)
-    if spec is None:
-        return False
-    policy = spec.preemption
-    if victim.queue == preemptor.queue:
-        if policy.within_cluster_queue == "LowerPriority":
-            return victim.priority < preemptor.priority
-        if policy.within_cluster_queue == "LowerOrNewerEqualPriority":
-            return victim.priority < preemptor.priority or (
-                victim.priority == preemptor.priority and victim.created > preemptor.created
-            )  # strictly newer (Kueue: preemptorTS.Before(candidateTS)); equal times never preempt
-        return False
-    other = quotas.specs.get(victim.queue)
-    if spec.cohort is None or other is None or other.cohort != spec.cohort:
-        return False
-    if not quotas.is_borrowing(victim.queue, resources):
-        return False
-    if policy.reclaim_within_cohort == "Any":
-        return True
-    return policy.reclaim_within_cohort == "LowerPriority" and victim.priority < preemptor.priority
-
-
-def candidates(
-    task: Task,
-    running: Iterable[Entry] | Callable[[set[str]], Iterable[Entry]],
-    quotas: QuotaBook,
-    resources: Sequence[str] | None = None,
-) -> list[Victim]:
-    """Running tasks the queues' policies let ``task`` preempt, in Kueue's order (:func:`_removal_order`);
-    another queue's only while it borrows some of ``resources`` (those needing preemption; None: any).
-
-    ``running``: the running entries, or a function giving those of some queues (the ledger's
-    ``running_in``), so only the queues whose tasks could be victims are read.
-    Entries whose quota someone else books (Kueue mode) are never candidates.
-    """
-    queues = _victim_queues(task, quotas, resources)
-    if not queues:
-        return []
-    out = []
-    for entry in running(queues) if callable(running) else running:
-        if not entry.charged or entry.task.queue not in queues:
-            continue
-        if victim_allowed(task, entry.task, quotas, resources):
-            out.append(Victim(entry.task, entry.placement, entry.usage, entry.admitted_at))
-    out.sort(key=lambda v: _removal_order(v, task.queue))
-    return out
-
-
-def _victim_queues(task: Task, quotas: QuotaBook, resources: Sequence[str] | None = None) -> set[str]:
-    """Queues whose tasks :func:`victim_allowed` could let ``task`` preempt at all: its own (unless
-    ``withinClusterQueue: Never``), and the other queues of its cohort that borrow now (unless
-    ``reclaimWithinCohort: Never``). A necessary condition, so candidates need not test every entry."""
-    spec = quotas.specs.get(task.queue)
-    if spec is None:
-        return set()
-    policy = spec.preemption
-    out = {task.queue} if policy.within_cluster_queue != "Never" else set()
-    if spec.cohort is not None and policy.reclaim_within_cohort != "Never":
-        others = (m.name for m in quotas.cohort_members(spec.cohort) if m.name != task.queue)
-        out |= {name for name in others if quotas.is_borrowing(name, resources)}
-    return out

@@ -14,6 +14,7 @@ from gputask.core.cluster import ClusterState, NodeState
 from gputask.core.decisions import Wait as Wait  # defined with the decisions; read here as always
 from gputask.core.fit import Filter, Refusal, static_refusal
 from gputask.core.flavors import describe_key, flavored, split_key
+from gputask.core.gang import GangOutcome, domain_of, pods_fitting
 from gputask.core.model import MILLI_PER_GPU, NodeName, Task, TaskKey, is_mig_product
 from gputask.core.placement import Outcome, feasible_gpus
 from gputask.core.quota import GPU, GPU_MEMORY, QueueSpec, QuotaBook
@@ -135,6 +136,8 @@ def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterSta
             f"quota of {describe_key(outcome.quota_resource)} in GPUClusterQueue {task.queue!r} has "
             f"{free} {_unit(outcome.quota_resource)} left",
         )
+    if outcome.gang is not None:
+        return gang_wait(task, outcome.gang, cluster)
     index = cluster.index()
     cached = index.summaries.get(task.fit_key)
     if cached is not None and cached[0] == index.log_end:  # no node changed since: the same counts
@@ -150,6 +153,30 @@ def explain(task: Task, outcome: Outcome, quotas: QuotaBook, cluster: ClusterSta
         wait = Wait(NO_FIT, text, filters)
     index.summaries[task.fit_key] = (index.log_end, wait)
     return wait
+
+
+def gang_wait(task: Task, outcome: GangOutcome, cluster: ClusterState) -> Wait:
+    """Why a gang found no placement: ``0/64 pods placeable together: 9 nodes have room for a pod of PodSet
+    'workers' (8 idle GPUs), at most 3 of them in one example.com/rack domain`` (per PodSet; the most pods its best
+    try placed at once), Inadmissible when some PodSet fits no node even empty."""
+    states = cluster.index().states
+    parts = []
+    for pod in task.podsets:
+        one = task.pod_task(pod)
+        if not any(could_ever_fit(s, one) for s in states):
+            text, filters = nodes_summary(one, states, ever=True)
+            return Wait(INADMISSIBLE, f"no node could ever hold a pod of PodSet {pod.name!r}: {text}", filters)
+        room = [s for s in states if pods_fitting(s, pod, 1)]
+        each = f"{pod.request.count} GPUs {need_text(one)}" if pod.request.count != 1 else f"a GPU {need_text(one)}"
+        part = f"{len(room)} nodes have room for a pod of PodSet {pod.name!r} ({each})"
+        key = task.topology
+        if key is not None and room:
+            domains = Counter(domain_of(s, key) for s in room)
+            domains.pop(None, None)
+            most = max(domains.values(), default=0)
+            part += f", at most {most} of them in one {key} domain"
+        parts.append(part)
+    return Wait(NO_FIT, f"{outcome.placed}/{task.pod_count} pods placeable together: {'; '.join(parts)}")
 
 
 def gpu_refusal(state: NodeState, task: Task, *, ever: bool = False) -> Refusal | None:

@@ -43,6 +43,18 @@ class TrialCluster(ClusterState):
                     self._reservations[key] = found
         return state
 
+    def copied(self, name: NodeName) -> NodeState | None:
+        """The trial's copy of ``name``'s state if one was made, else None (then the live state is current)."""
+        return self._nodes.get(name)
+
+    def current(self, name: NodeName) -> NodeState:
+        """``name``'s state as the trial sees it, to read only: its copy if one was made, else the live state
+        (not copied); raises UnknownNodeError."""
+        state = self._nodes.get(name)
+        if state is not None:
+            return state
+        return self.live.current(name) if isinstance(self.live, TrialCluster) else self.live.node(name)
+
     def has_node(self, name: NodeName) -> bool:
         """True when the live cluster knows the node."""
         return self.live.has_node(name)

@@ -13,6 +13,7 @@ from gputask.core.cluster import ClusterState
 from gputask.core.decisions import Wait
 from gputask.core.ledger import Entry, Ledger
 from gputask.core.model import NodeName, Placement, Task, TaskKey
+from gputask.core.placement import Outcome
 from gputask.core.preemption import Plan
 from gputask.core.queues import QueueManager
 from gputask.core.quota import QuotaBook, Usage
@@ -90,6 +91,11 @@ class SchedulerView(Protocol):
 
     def variants(self, task: Task) -> list[Task]:
         """``task`` in each flavor of its queue it may use, in the queue's order."""
+        ...
+
+    def place(self, task: Task) -> Outcome:
+        """Where ``task`` would go now, with no queue or quota involved (a gang's best partial try when it does not
+        fit); nothing is reserved."""
         ...
 
     def try_place(self, task: Task, node: NodeName | None = None) -> tuple[Placement | None, Usage | None, str | None]:

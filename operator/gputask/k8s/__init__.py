@@ -1,1 +1,1 @@
-"""The Kubernetes adapter: kopf handlers, conversion, Job building, executor and loop."""
+"""The Kubernetes adapter: informers and their feeds, conversion, Job building, executor and loop (run by kopf)."""

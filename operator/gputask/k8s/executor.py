@@ -13,9 +13,13 @@
   says why: condition ``Admitted=False`` reason ``JobRejected`` with the API's message, and a
   Warning Event. At most one failed Job create per task per backoff step. While the configured pinning cannot
   work in the cluster, admissions back off the same way with reason ``PinningUnavailable``.
-- Pending: the wait reason; Evict: the task requeued, its Job deleted (retried with backoff until
-  it is gone, its GPUs held meanwhile); Fail: Failed for good.
-Every write goes through the :class:`~gputask.k8s.writer.Writer`; every task transition through
+- Pending: the wait reason; Evict: the task requeued, its Job stopped through its workload (deleted, retried with
+  backoff until it is gone, its GPUs held meanwhile); Fail: Failed for good.
+
+The API calls run here, concurrently; each answer becomes a typed outcome (:mod:`gputask.k8s.outcomes`: Created,
+Adopted, Rejected, Fenced, Creating, Gone, ...) that :class:`~gputask.k8s.outcomes.Outcomes` applies to the core and
+the records under the core gate; this module changes neither (``tests/unit/test_outcomes.py``). Every write goes
+through the :class:`~gputask.k8s.writer.Writer`; every status and Event through
 :class:`~gputask.k8s.tasks.Transitions`. API failures are handled here, never raised into the loop.
 """
 
@@ -30,10 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gputask.core import Admit, Decision, Pending, Placement
-from gputask.core.budget import GPU_MEMORY_EXCEEDED
+from gputask.core import Admit, Decision, Pending
 from gputask.core.scheduler import Evict, Fail
-from gputask.k8s import records
+from gputask.k8s import outcomes
 from gputask.k8s.client import (
     EVENTS,
     GPUNODES,
@@ -46,34 +49,50 @@ from gputask.k8s.client import (
     doubling_backoff_s,
 )
 from gputask.k8s.controller import Controller
-from gputask.k8s.jobrecords import SYSTEM_DISRUPTIONS, JobRecord, job_record
-from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
+from gputask.k8s.jobrecords import JobRecord, job_record
+from gputask.k8s.outcomes import (
+    BACKOFF_REASONS,
+    FAILURE_REASONS,
+    JOB_REJECTED,
+    Admitting,
+    Adopted,
+    Created,
+    Creating,
+    Evicting,
+    FailedForGood,
+    Gone,
+    NotStarting,
+    Outcome,
+    Outcomes,
+    Rejected,
+    Reported,
+    Step,
+    Stop,
+    Stopping,
+    Waiting,
+)
+from gputask.k8s.phases import GPU_MEMORY_WITHIN_BUDGET
 from gputask.k8s.pinner import PINNING_UNAVAILABLE, Pinner
 from gputask.k8s.pinning import Pinning
 from gputask.k8s.queue_status import QueueUpkeep
-from gputask.k8s.records import PLACEMENT_CONFLICT
 from gputask.k8s.relabel import JobFeed, Relabeler
-from gputask.k8s.reports import Report, ReportKind
-from gputask.k8s.tasks import ADMITTED, PENDING, PLACED_PHASES, TaskRecord, Transitions, describe, set_condition
-from gputask.k8s.workload import workload_of
+from gputask.k8s.reports import Report
+from gputask.k8s.tasks import TaskRecord, Transitions
+from gputask.k8s.workload import Workload, workload_of
 from gputask.k8s.writer import Writer, now_rfc3339
 from gputask.metrics import OperatorMetrics
 
 log = logging.getLogger("gputask.executor")
 
 CONCURRENCY = 16
-JOB_REJECTED = "JobRejected"
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 300.0
-FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting", "GPUMemoryExceeded", *SYSTEM_DISRUPTIONS)
 CONFIRM_RETRY_S = 1.0  # a create whose answer was lost is looked up after 1 s, doubling ...
 CONFIRM_RETRY_MAX_S = 30.0  # ... up to 30 s while the API server does not answer
-BACKOFF_REASONS = (JOB_REJECTED, PINNING_UNAVAILABLE)  # waits said once, when the admission was refused
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # metav1.Condition's reason pattern
 
 
 POD_RESOURCES_AVAILABLE = "PodResourcesAvailable"
-GPU_MEMORY_WITHIN_BUDGET = "GPUMemoryWithinBudget"
 COUNT_RULE = ("pods requesting nvidia.com/gpu on this node are counted on GPUs gputask chooses, not the devices the "
               "kubelet gave them (gputask.k8s.foreign, rule 3)")
 
@@ -96,10 +115,12 @@ def backoff_s(failures: int) -> float:
 
 @dataclass(slots=True)
 class Deletion:
-    """A Job to delete until it is gone: its propagation policy, failures so far, next try (monotonic s)."""
+    """A Job to stop until it is gone: the workload that stops it and why, failures so far, next try (monotonic
+    s)."""
 
     job: JobRecord
-    propagation: str
+    workload: Workload
+    reason: str
     failures: int = 0
     retry_at: float = 0.0
 
@@ -117,8 +138,9 @@ class Unconfirmed:
 
 
 class Executor:
-    """Applies decisions and reports; owns no scheduling state but the Job deletions still to retry and the
-    Job creates whose answer was lost."""
+    """Applies decisions and reports through the API; owns no scheduling state but the Job deletions still to retry
+    and the Job creates whose answer was lost. What each answer changes in the core and the records is applied
+    under the ``gate`` by :class:`~gputask.k8s.outcomes.Outcomes`, never here."""
 
     def __init__(
         self,
@@ -132,6 +154,7 @@ class Executor:
     ) -> None:
         self.controller = controller
         self.writer = writer
+        self.gate = gate or asyncio.Lock()  # the core gate (the loop's and the handlers')
         self.transitions = Transitions(writer)
         self.metrics = metrics or writer.metrics
         self.deletions: dict[str, Deletion] = {}  # Job key -> deletion to retry
@@ -139,7 +162,9 @@ class Executor:
         self._due: list[tuple[float, str]] = []  # heap of (retry_at, Job key) of failed deletions; outdated skipped
         self.queues = QueueUpkeep(controller, writer)
         self.pinner = Pinner(controller.config, writer, self.metrics)
-        self.relabel = Relabeler(controller, writer, gate=gate, feed=job_feed)  # Jobs that lost the task label
+        self.relabel = Relabeler(controller, writer, gate=self.gate, feed=job_feed)  # Jobs that lost the task label
+        self.outcomes = Outcomes(controller, self.metrics, self.gate, creating=self.creating, backoff_s=backoff_s,
+                                 forget_job=self.relabel.drop)
         self._limit = asyncio.Semaphore(concurrency)
 
     @property
@@ -168,97 +193,90 @@ class Executor:
             async with self._limit:
                 if isinstance(decision, Admit):
                     await self.admit(decision)
-                elif isinstance(decision, Pending):
-                    await self.pending(decision)
-                elif isinstance(decision, Evict):
-                    await self.evict(decision)
-                elif isinstance(decision, Fail):
-                    await self.fail(decision)
+                elif isinstance(decision, Pending):  # why it waits (an Event only for a new reason)
+                    await self._apply(Waiting(decision))
+                elif isinstance(decision, Evict):  # requeued, its Job stopped; its GPUs held until the Job is gone
+                    await self._apply(Evicting(decision))
+                elif isinstance(decision, Fail):  # Failed for good (MaxReschedulesExceeded), a Warning Event
+                    await self._apply(FailedForGood(decision))
 
     async def admit(self, decision: Admit) -> None:
         """Create the Job of an admission, then record it; a refusal backs the task off."""
-        key, scheduler = decision.task.key, self.controller.scheduler
-        record = self.controller.tasks.get(key)
-        if record is None or record.deleting:
-            scheduler.finish(key)
-            return
-        if record.revision is not None and record.revision[0] is (decision.task.unflavored or decision.task):
-            records.take_revision(record)  # admitted as edited: the status says so
+        if not (await self.outcomes.apply(Admitting(decision))).go:
+            return  # its task is gone: its booking was released
+        record = self.controller.tasks[decision.task.key]
         attempt = record.attempt + 1
-        records.drop_condition(record, GPU_MEMORY_WITHIN_BUDGET)  # judged anew for the new placement
-        flavor = scheduler.flavors.get(decision.task.flavor) if decision.task.flavor else None
+        flavor = self.controller.scheduler.flavors.get(decision.task.flavor) if decision.task.flavor else None
         unpinnable = await self.pinner.refusal(decision.placement)
         if unpinnable is not None:
-            await self._rejected(record, unpinnable, PINNING_UNAVAILABLE)
+            await self._apply(Rejected(record, unpinnable, PINNING_UNAVAILABLE))
             return
         try:
             job = workload_of(record).job_for(
                 decision.placement, attempt=attempt, queue=decision.task.queue, flavor=decision.task.flavor,
                 tolerations=flavor.tolerations if flavor else (), pinning=self.pinning, request=decision.task.request)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # conversion should have refused it
-            log.error("building the Job of %s failed: %r", key, exc)
-            await self._rejected(record, f"the pod template cannot be made into a Job: {exc!r}")
+            log.error("building the Job of %s failed: %r", record.key, exc)
+            await self._apply(Rejected(record, f"the pod template cannot be made into a Job: {exc!r}"))
             return
         name = job["metadata"]["name"]
         try:
             refused = await self.pinner.prepare(record.obj, name, decision.task.request, decision.placement)
         except Fenced:
-            scheduler.requeue(key)  # not leading any more: the next leader decides
+            await self._apply(outcomes.Fenced(record))  # not leading any more: the next leader decides
             return
         except ApiError as exc:
             await self.pinner.job_deleted(record.namespace, name)
-            await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
+            await self._apply(Rejected(
+                record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}"))
             return
         if refused is not None:
-            await self._rejected(record, refused)
+            await self._apply(Rejected(record, refused))
             return
         await self._create(record, Unconfirmed(decision, job, attempt))
+
+    async def _apply(self, outcome: Outcome) -> None:
+        """Apply ``outcome`` under the gate (:meth:`Outcomes.apply`), then carry out its steps."""
+        await self.carry_out((await self.outcomes.apply(outcome)).steps)
+
+    async def carry_out(self, steps: Iterable[Step]) -> None:
+        """Write what is said and stop the Jobs to stop, in order (the gate not held)."""
+        for step in steps:
+            if isinstance(step, Stop):
+                self.deletions[step.job.key] = Deletion(step.job, step.workload, step.reason)
+                await self.delete(step.job.key)
+            else:
+                await self.transitions.say(step)
 
     async def _create(self, record: TaskRecord, sent: Unconfirmed) -> None:
         """POST the Job of an admission: created (recorded), 409 (adopted), refused (backed off), fenced
         (requeued), or unanswered (the booking kept until :meth:`confirm_creates` finds out)."""
         job, name = sent.job, sent.job["metadata"]["name"]
-        records.creating(record, name)
+        await self._apply(Creating(record, name))
         try:
             await self.writer.create(JOBS, job, record.namespace)
         except AlreadyExists:
             await self._adopt(record, sent)
             return
         except Fenced:
-            records.creating(record, None)
-            self.controller.scheduler.requeue(record.key)  # not leading any more: the next leader decides
+            await self._apply(outcomes.Fenced(record, settled=True))  # not leading any more: the next leader decides
             return
         except Unanswered as exc:
             log.warning("creating Job %s/%s got no answer (%s): its GPUs stay booked until a read says whether it "
                         "exists", record.namespace, name, exc)
-            self._unconfirmed(record, sent)
+            await self._unconfirmed(record, sent)
             return
         except ApiError as exc:
-            records.creating(record, None)
             await self.pinner.job_deleted(record.namespace, name)  # its ResourceClaimTemplate, made just before
-            await self._rejected(record, f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}")
+            why = f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}"
+            await self._apply(Rejected(record, why, settled=True))
             return
-        await self._created(record, sent.decision, sent.decision.placement, name, sent.attempt)
+        await self._apply(Created(record, sent.decision, sent.decision.placement, name, sent.attempt))
 
-    async def _created(self, record: TaskRecord, decision: Admit, placement: Placement, name: str,
-                       attempt: int) -> None:
-        """Record an admission whose Job exists (``name``, on ``placement``)."""
-        if attempt == 1 and decision.task.created:
-            self.metrics.latency.labels(decision.task.queue).observe(max(0.0, time.time() - decision.task.created))
-        in_flavor = f" (flavor {decision.task.flavor})" if decision.task.flavor else ""
-        message = f"Admitted by GPUClusterQueue {decision.task.queue!r}{in_flavor} on {describe(placement)}"
-        quota = f"quota reserved in {decision.task.queue!r}{in_flavor}"
-        records.created(record, attempt=attempt, flavor=decision.task.flavor)
-        self.controller.pods.started(record, time.time())
-        await self.transitions.admitted(record, placement, job_name=name, attempt=attempt, quota=quota,
-                                        message=message)
-        self.controller.pods.admitted_with(record)  # its pod may have started while the create's answer was awaited
-
-    def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
+    async def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
         """Keep the booking of a create whose outcome is unknown; look the Job up after the next backoff step."""
-        records.creating(record, sent.job["metadata"]["name"])
         sent.retry_at = time.monotonic() + doubling_backoff_s(sent.failures, CONFIRM_RETRY_S, CONFIRM_RETRY_MAX_S)
-        self.creating[record.key] = sent
+        await self._apply(Creating(record, sent.job["metadata"]["name"], lost=sent))
 
     async def confirm_creates(self) -> None:
         """Find out, for each Job create whose answer was lost and whose lookup is due, whether the Job exists (the
@@ -284,9 +302,9 @@ class Executor:
             except ApiError as exc:
                 sent.failures += 1
                 log.info("looking up Job %s/%s failed (%s); asked again later", meta["namespace"], meta["name"], exc)
-                self._unconfirmed(record, sent)
+                await self._unconfirmed(record, sent)
                 return
-        del self.creating[key]
+        self.creating.pop(key, None)
         if job is None:
             log.info("Job %s/%s was never created: sent again", meta["namespace"], meta["name"])
             await self._create(record, Unconfirmed(sent.decision, sent.job, sent.attempt))
@@ -295,13 +313,10 @@ class Executor:
         await self._adopt(record, sent, job)
 
     async def _adopt(self, record: TaskRecord, sent: Unconfirmed, job: JobRecord | None = None) -> None:
-        """A Job of that name exists (a lost create answer, or another replica's). When it is this task's, it is the
-        admission's: its placement wins and is taken into the books (never two beliefs); one the books cannot hold
-        is deleted and the task requeued (:meth:`_conflict`); one that finished ends the task. A Job of another task
-        of that name (deleted, not yet garbage-collected) requeues the task. ``job``: the Job as known (None: GET
-        it; a GET that fails leaves the create unconfirmed, looked up again later)."""
-        meta, scheduler = sent.job["metadata"], self.controller.scheduler
-        records.creating(record, None)
+        """A Job of that name exists (a lost create answer, or another replica's): applied as :class:`Adopted`.
+        ``job``: the Job as known (None: GET it; a GET that fails leaves the create unconfirmed, looked up again
+        later)."""
+        meta = sent.job["metadata"]
         if job is None:
             try:
                 job = job_record(await self.writer.client.get(JOBS, meta["name"], meta["namespace"]))
@@ -310,118 +325,9 @@ class Executor:
             except ApiError as exc:
                 log.info("reading Job %s/%s after a 409 failed (%s); looked up again later", meta["namespace"],
                          meta["name"], exc)
-                self._unconfirmed(record, sent)
+                await self._unconfirmed(record, sent)
                 return
-        if job is None or job.task_uid != record.uid or job.placement is None:
-            log.info("Job %s/%s belongs to an earlier task of that name; requeued", meta["namespace"], meta["name"])
-            scheduler.requeue(record.key)
-            return
-        placement = job.placement
-        self.controller.adopting(job)
-        if job.outcome is not None:  # it ran to its end while nobody knew: the task's end, never run again
-            scheduler.finish(record.key)
-            records.ended_unseen(record, job.name, job.attempt)
-            await self.transitions.finished(record, job.outcome, job.why)
-            return
-        if job.terminating:  # being deleted: held until it is gone; the next admission makes a Job of another name
-            scheduler.requeue(record.key)
-            records.with_job(record, record.job_name, job.attempt)
-            self.controller.hold(job)
-            return
-        entry = scheduler.ledger.get(record.key)
-        if entry is not None and entry.placement != placement:
-            log.warning("Job %s/%s exists on %s, not on the %s just chosen: adopting its placement",
-                        meta["namespace"], meta["name"], describe(placement), describe(entry.placement))
-            scheduler.finish(record.key)
-            if not scheduler.restore(entry.task, placement, time.time()):
-                await self._conflict(record, job)
-                return
-            self.metrics.adopted.inc()
-        else:
-            log.info("Job %s/%s exists already: taking it as created", meta["namespace"], meta["name"])
-        await self._created(record, sent.decision, placement, job.name, job.attempt)
-
-    async def _conflict(self, record: TaskRecord, job: JobRecord) -> None:
-        """A Job of the task exists on GPUs the books gave to others since (its create's answer was lost): it is
-        deleted (what of its GPUs is free held until it is gone) and the task requeued, reason PlacementConflict
-        with a Warning Event; no GPU is ever booked over its memory."""
-        assert job.placement is not None
-        scheduler = self.controller.scheduler
-        scheduler.requeue(record.key)  # the restored booking over-commits: released at once, the task queued again
-        self.controller.hold(job, fit=True)
-        records.with_job(record, job.name, job.attempt)
-        message = (f"Job {job.name} exists on {describe(job.placement)}, which was booked for other tasks while its "
-                   "create went unanswered (a GPU would be over its memory): the Job is deleted and the task requeued")
-        self.metrics.evictions.labels(PLACEMENT_CONFLICT).inc()
-        await self.transitions.evicted(record, PLACEMENT_CONFLICT, message)
-        self.deletions[job.key] = Deletion(job, "Background")
-        await self.delete(job.key)
-
-    async def _rejected(self, record: TaskRecord, why: str, reason: str = JOB_REJECTED) -> None:
-        """Give the task back to the core, held back for the next backoff step, and say why (``reason``)."""
-        scheduler = self.controller.scheduler
-        failures = records.failed_again(record, per_spec=True)
-        delay = backoff_s(failures)
-        records.retry_at(record, time.monotonic() + delay)
-        message = f"{why}; retried in {delay:g}s (attempt {failures})"
-        scheduler.requeue(record.key)
-        scheduler.defer(record.key, time.time() + delay, reason, message)
-        log.warning("task %s: %s", record.key, message)
-        await self.transitions.rejected(record, reason, message)
-
-    async def pending(self, decision: Pending) -> None:
-        """Record why a task waits (an Event only for a new reason)."""
-        record = self.controller.tasks.get(decision.task.key)
-        if record is None or record.phase != PENDING or record.blocked is not None or record.invalid is not None:
-            return
-        if decision.reason in BACKOFF_REASONS and record.last_wait == (decision.reason, decision.message):
-            return  # said already when the Job was refused
-        position = decision.position if decision.position >= 0 else None
-        await self.transitions.waiting(record, decision.reason, decision.message, position)
-
-    async def evict(self, decision: Evict) -> None:
-        """Requeue an evicted task (its current spec), delete its Job; its GPUs stay held until the Job is gone."""
-        key = decision.task.key
-        record = self.controller.tasks.get(key)
-        if record is None:
-            return
-        job = self._current_job(record)
-        self.controller.departing(job, decision.held)  # its pods keep their GPUs until the Job is gone
-        self.metrics.evictions.labels(decision.reason).inc()
-        if decision.reason == "Preempted":
-            self.metrics.preemptions.labels(decision.task.queue).inc()
-        if decision.reason in FAILURE_REASONS:
-            records.rescheduled(record)
-            self.metrics.reschedules.inc()
-        await self.transitions.evicted(record, decision.reason, decision.message)
-        if record.revision_error is not None and key not in self.controller.scheduler.pending:
-            records.revision_invalid(record)  # its edited spec can never run
-            await self.transitions.invalid(record)
-        if job is not None:
-            propagation = workload_of(record).stop_propagation(decision.reason)
-            self.deletions[job.key] = Deletion(job, propagation)
-            await self.delete(job.key)
-
-    def _current_job(self, record: TaskRecord) -> JobRecord | None:
-        if record.job_name is None and record.creating is not None:  # evicted before its create was confirmed
-            sent = self.creating.pop(record.key, None)
-            attempt = sent.attempt if sent is not None else record.attempt + 1
-            name = records.create_abandoned(record, attempt)  # the next admission makes a Job of another name
-            assert name is not None
-            placement = sent.decision.placement if sent is not None else None
-            return self.controller.jobs.get(f"{record.namespace}/{name}") or JobRecord(
-                name, record.namespace, record.uid, attempt, placement)
-        if record.job_name is None:
-            return None
-        return self.controller.jobs.get(f"{record.namespace}/{record.job_name}") or JobRecord(
-            record.job_name, record.namespace, record.uid, record.attempt, record.placement
-        )
-
-    async def fail(self, decision: Fail) -> None:
-        """A task failed for good (MaxReschedulesExceeded): Failed, with the reason and a Warning Event."""
-        record = self.controller.tasks.get(decision.task.key)
-        if record is not None:
-            await self.transitions.failed(record, decision.reason, decision.message)
+        await self._apply(Adopted(record, sent, job))
 
     # -- pods that never start -------------------------------------------------------------------------
     async def start_problem(self, record: TaskRecord) -> str:
@@ -442,20 +348,18 @@ class Executor:
     async def pods_not_starting(self, overdue: list[TaskRecord]) -> None:
         """Evict tasks past their pod-start deadline, with the reason; they are retried after a backoff."""
         for record in overdue:
-            message = await self.start_problem(record)
-            delay = backoff_s(records.failed_again(record, per_spec=False))
-            log.warning("task %s: %s; evicted, retried in %gs", record.key, message, delay)
-            self.controller.pods_not_starting(record, message, time.time() + delay)
+            await self._apply(NotStarting(record, await self.start_problem(record)))
 
     # -- Job deletions ------------------------------------------------------------------------------
     async def delete(self, job_key: str) -> None:
-        """Try one deletion; on failure try again after a backoff (:meth:`retry_deletions`)."""
+        """Try one deletion (its workload stops it); on failure try again after a backoff
+        (:meth:`retry_deletions`)."""
         deletion = self.deletions.get(job_key)
         if deletion is None:
             return
         job = deletion.job
         try:
-            existed = await self.writer.delete(JOBS, job.name, job.namespace, propagation=deletion.propagation)
+            existed = await deletion.workload.stop(self.writer, job, deletion.reason)
         except Fenced:
             return  # the next leader deletes it (its rebuild sees the Job of a requeued task)
         except ApiError as exc:
@@ -467,8 +371,7 @@ class Executor:
         del self.deletions[job_key]
         await self.pinner.job_deleted(job.namespace, job.name)
         if not existed:
-            self.relabel.drop(job.key)  # nothing left to confirm or label
-            self.controller.job_gone(job)
+            await self._apply(Gone(job))
 
     async def retry_deletions(self) -> None:
         """Retry the Job deletions whose backoff has passed (only those due, not a pass over every one)."""
@@ -482,61 +385,14 @@ class Executor:
 
     async def delete_job(self, record: TaskRecord) -> None:
         """Delete a deleted task's Job (its GPUs are held until it is gone)."""
-        job = self._current_job(record)
-        if job is not None:
-            self.deletions[job.key] = Deletion(job, "Background")
-            await self.delete(job.key)
+        await self._apply(Stopping(record))
 
     # -- reports -------------------------------------------------------------------------------------
     async def publish(self, reports: Iterable[Report]) -> None:
-        """Publish what the controller queued: invalid specs, waits, finished Jobs, running pods."""
+        """Publish what the controller queued: invalid specs, waits, finished Jobs, running pods (each applied as
+        :class:`Reported`)."""
         for report in reports:
-            record, t = report.record, self.transitions
-            if report.kind == ReportKind.INVALID and record.invalid is not None:
-                await t.invalid(record)
-            elif report.kind == ReportKind.BLOCKED and record.blocked is not None:
-                await t.blocked(record, *record.blocked)
-            elif report.kind == ReportKind.SPEC_IGNORED and record.phase in PLACED_PHASES:
-                message = (f"spec changed while Job {record.job_name} runs: it applies at the task's next admission "
-                           "(after an eviction); delete and re-create the GPUTask to apply it now")
-                await t.note(record, "Warning", "SpecChangeIgnored", message)
-            elif report.kind == ReportKind.DEPRECATED_QUEUE and record.phase == PENDING:
-                message = deprecation_message(record.namespace, report.detail)
-                await t.note(record, "Warning", DEPRECATED_QUEUE_NAME, message)
-            elif report.kind == ReportKind.FINISHED:
-                job = self.controller.jobs.get(f"{record.namespace}/{record.job_name}")
-                await t.finished(record, report.detail, job.why if job is not None else "")
-            elif report.kind == ReportKind.RUNNING and record.phase == ADMITTED:
-                await t.running(record, report.detail)
-            elif report.kind == ReportKind.RESTORED:
-                await t.publish(record, report.detail)
-            elif report.kind == ReportKind.DELETE_JOB:
-                await self.delete_job(record)
-            elif report.kind in (ReportKind.GPUS_HELD, ReportKind.GPUS_RELEASED):
-                await t.gpus_held(record, report.detail, held=report.kind == ReportKind.GPUS_HELD)
-            elif report.kind in (ReportKind.OVER_BUDGET, ReportKind.WITHIN_BUDGET) and record.phase in PLACED_PHASES:
-                await self.memory_budget(record, report.kind == ReportKind.WITHIN_BUDGET, report.detail)
-            elif report.kind == ReportKind.STRAY_JOB and report.detail in self.controller.jobs:
-                job = self.controller.jobs[report.detail]
-                self.metrics.strays.inc()
-                self.deletions[job.key] = Deletion(job, "Background")
-                await self.delete(job.key)
-                message = (f"Job {job.name} was a second live Job of the task (its status names "
-                           f"{record.job_name}); deleted")
-                await t.note(record, "Warning", "StrayJobDeleted", message)
-
-    async def memory_budget(self, record: TaskRecord, within: bool, message: str) -> None:
-        """The condition GPUMemoryWithinBudget: False (reason GPUMemoryExceeded, a Warning Event naming each GPU,
-        what its pods use and the budget) or True again (reason GPUMemoryWithinBudget, a Normal Event). Set only
-        once a task went over budget; a new admission starts without it."""
-        if within:
-            set_condition(record, GPU_MEMORY_WITHIN_BUDGET, True, GPU_MEMORY_WITHIN_BUDGET, message)
-            kept = str((record.obj.get("status") or {}).get("message") or message)
-            await self.transitions.publish(record, kept, ("Normal", GPU_MEMORY_WITHIN_BUDGET, message))
-            return
-        text = f"its pods use more GPU memory than it reserved: {message}"
-        set_condition(record, GPU_MEMORY_WITHIN_BUDGET, False, GPU_MEMORY_EXCEEDED, text)
-        await self.transitions.publish(record, text, ("Warning", GPU_MEMORY_EXCEEDED, text))
+            await self._apply(Reported(report))
 
     async def report_gpunodes(self) -> None:
         """Write the conditions of each GPUNode whose refused entries or PodResources availability changed:
@@ -585,4 +441,5 @@ class Executor:
         await self.queues.report()
 
 
-__all__ = ["Executor", "backoff_s"]
+__all__ = ["BACKOFF_REASONS", "FAILURE_REASONS", "GPU_MEMORY_WITHIN_BUDGET", "JOB_REJECTED", "Executor",
+           "backoff_s"]

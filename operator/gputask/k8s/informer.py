@@ -1,13 +1,15 @@
-"""List, then watch: the operator's own informer for its hot kinds, GPUTasks, its Jobs and pods.
+"""List, then watch: the operator's own informer, for every kind it watches.
 
-Why not kopf for these (kopf stays the framework for every other kind): in a 2,000-task burst
+Why not kopf's watches (kopf stays the operator's framework: start-up, login, probes, peering): in a 2,000-task burst
 (``bench/e2e_burst.py --profile``, py-spy) the operator spent 48% of its CPU in kopf's per-event machinery
 for the three events each task causes (its GPUTask added, the echo of our status write, its Job added): a
 worker task per object, and per event a body, patch, logger, cause and memo built and the handler invoked
 through context variables, while the handlers themselves took 6%. At 6.8 ms of CPU per task the operator
 made Jobs at 0.3 times the rate the API server accepted GPUTasks. Here each event is parsed once (JSON to
 plain dicts, as the lines of a chunk arrive) and handed over in batches: one lock of the core gate and one
-wake of the scheduling loop per batch.
+wake of the scheduling loop per batch. The other kinds (Nodes, GPUNodes, queues, flavors, priority classes,
+Namespaces, Kueue's objects) came through kopf too, until one ingestion path made every feed testable on
+:class:`~gputask.testing.fake.FakeKubeClient` and the rebuild need no replay of events kept aside.
 
 The rules are client-go's reflector's:
 
@@ -26,6 +28,12 @@ The rules are client-go's reflector's:
 - a sink that fails (a bug in what the events feed) is logged with its traceback and the informer lists again
   after the backoff: the events of that batch may be half applied, and only a new listing makes the consumer
   whole again (client-go's handlers cannot fail; ours can, and must not end the stream in silence).
+
+An informer started without a resourceVersion (a kind the rebuild did not list, or whose listing was refused)
+lists first and hands that listing over (:meth:`Sink.replace`), then watches. An ``optional`` kind (a Kueue CRD that
+may not be installed) answered 404 is not served: that is said once at info level and it is looked for again every
+30 s (kopf noticed a CRD installed later through its watch of CustomResourceDefinitions; the Kueue support reads
+Kueue's LocalQueues and configuration every 30 s too).
 
 A BOOKMARK (``allowWatchBookmarks``, its object carrying only ``metadata.resourceVersion``: "all changes up to
 here were sent", https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks) only moves the
@@ -47,6 +55,7 @@ log = logging.getLogger("gputask.informer")
 RETRY_S = 1.0
 RETRY_MAX_S = 30.0
 STOP_TIMEOUT_S = 10.0
+ABSENT_RETRY_S = 30.0  # how often an optional resource that is not served is looked for again
 SHORT_WATCH_S = 1.0  # a watch the server ends this soon without an event counts as a failure (no hot loop)
 
 
@@ -67,7 +76,8 @@ class Informer:
 
     ``namespace`` None watches every namespace; ``labels`` and ``fields`` are a label and a field selector the
     server applies (an object that stops matching them comes as DELETED, with its previous state); ``name`` is what
-    its log lines call the objects (the resource's plural unless given: two informers may watch one resource).
+    its log lines call the objects (the resource's plural unless given: two informers may watch one resource);
+    ``optional`` a resource whose API may not be served (a 404 is its absence, not a failure).
     """
 
     def __init__(
@@ -81,6 +91,7 @@ class Informer:
         fields: str | None = None,
         timeout_s: int = WATCH_TIMEOUT_S,
         name: str | None = None,
+        optional: bool = False,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -90,6 +101,7 @@ class Informer:
         self.fields = fields
         self.name = name or resource.plural
         self.timeout_s = timeout_s
+        self.optional = optional
         self.resource_version = ""
         self.relists = 0  # LISTs after a 410 (a gap in the watch)
         self.events = 0  # events handed over (bookmarks not counted)
@@ -98,7 +110,8 @@ class Informer:
         self._task: asyncio.Task[None] | None = None
 
     def start(self, resource_version: str) -> None:
-        """Watch from ``resource_version`` (the LIST the sink was built from) until :meth:`stop`."""
+        """Watch from ``resource_version`` (the LIST the sink was built from) until :meth:`stop`; with ``""`` (no
+        such LIST), list first and hand the listing over."""
         self.resource_version = resource_version
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=f"gputask-informer-{self.name.replace(' ', '-')}")
@@ -117,7 +130,8 @@ class Informer:
             log.error("the %s informer had failed", self.name, exc_info=task.exception())
 
     async def _run(self) -> None:
-        failures, stale = 0, False  # stale: the sink must be handed a new listing before the next watch
+        # stale: the sink must be handed a new listing before the next watch (at once when started without a version)
+        failures, stale = 0, not self.resource_version
         while True:
             started, seen = time.monotonic(), self.events
             try:
@@ -132,6 +146,7 @@ class Informer:
                 continue
             except ApiError as exc:
                 failures += 1
+                stale = stale or self._absent(exc)  # served again later: from a new listing
                 await self._failed("watch", exc, failures)
                 continue
             except Exception:  # the sink failed: a bug downstream; never end the stream in silence
@@ -156,13 +171,25 @@ class Informer:
         if exc.retry_after_s is not None:
             wait = min(RETRY_MAX_S, max(wait, exc.retry_after_s))
         kind = (what, exc.status, exc.reason)
-        if kind != self._failing:
+        if self._absent(exc):
+            wait = ABSENT_RETRY_S
+            if kind != self._failing:
+                self._failing = kind
+                log.info("%s are not served (API not installed: %s); looked for again every %gs", self.name, exc,
+                         wait)
+            else:
+                log.debug("%s are still not served; looked for again in %gs", self.name, wait)
+        elif kind != self._failing:
             self._failing = kind
             log.warning("%s of %s failed (%s); again from resourceVersion %s in %gs (repeats of this failure are "
                         "logged at debug level)", what, self.name, exc, self.resource_version or "-", wait)
         else:
             log.debug("%s of %s failed again (%s); again in %gs", what, self.name, exc, wait)
         await asyncio.sleep(wait)
+
+    def _absent(self, exc: ApiError) -> bool:
+        """True when ``exc`` says that an optional resource is not served (404)."""
+        return self.optional and exc.status == 404
 
     def _recovered(self) -> None:
         if self._failing is not None:

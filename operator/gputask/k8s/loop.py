@@ -1,12 +1,14 @@
 """The scheduling loop: wake on change (or every ``cycleInterval``), run a cycle, apply decisions.
 
-Runs as one asyncio task beside kopf's watchers. Handlers call :meth:`SchedulingLoop.wake`;
+Runs as one asyncio task beside the informers. Their feeds call :meth:`SchedulingLoop.wake`;
 the loop never runs before :meth:`SchedulingLoop.start` is given a rebuilt controller, so a
 restarted operator never admits before it knows what is already running.
 
 The cycle itself runs on a worker thread while the loop holds the core gate (an asyncio lock
 every handler takes around its synchronous feeding of the controller), so watches and the
-Lease renewal go on during a long cycle, and nothing touches the core while the thread does.
+Lease renewal go on during a long cycle, and nothing touches the core while the thread does. The executor's API
+calls run with the gate released; what their answers change in the core and the records is applied under it
+(:class:`~gputask.k8s.outcomes.Outcomes`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class SchedulingLoop:
     def __init__(self, controller: Controller, executor: Executor, gate: asyncio.Lock | None = None) -> None:
         self.controller = controller
         self.executor = executor
-        self.gate = gate or asyncio.Lock()
+        self.gate = gate or executor.gate  # the executor applies its outcomes under the same gate
         self.cycles = 0
         self._metrics_at = float("-inf")
         self._running = asyncio.Lock()

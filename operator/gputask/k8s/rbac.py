@@ -5,7 +5,7 @@ constants, so a resource's group and plural are written once. Two tests hold the
 
 - ``tests/unit/test_rbac.py`` reads the code: every ``<receiver>.<verb>(RESOURCE, ...)`` call in
   ``gputask.k8s`` and ``gputask.agent``, whether through the client or the writer (and the writer's
-  Events), and every resource the kopf registry or the informers watch must be granted here (a new
+  Events), and every resource the informers (or a kopf handler) watch must be granted here (a new
   API call without a rule fails the test);
 - ``tests/chart/test_chart.py`` renders the Helm chart: its ClusterRoles and Roles must grant
   exactly these rules, no verb missing and none extra (least privilege).
@@ -50,9 +50,8 @@ from gputask.k8s.client import (
 
 CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 
-# Everything the operator rebuilds its state from and keeps watching (handlers.REBUILD_ORDER; GPUTasks, Jobs and pods
-# through its own informers, the rest through kopf),
-# plus Kueue's LocalQueues (gputask mode) and Workloads (Kueue mode).
+# Everything the operator rebuilds its state from and keeps watching through its informers (handlers.REBUILD_ORDER and
+# pods), plus Kueue's LocalQueues (gputask mode) and Workloads (Kueue mode).
 WATCHED = (
     GPUTASKS,
     GPUCLUSTERQUEUES,
@@ -105,7 +104,7 @@ def grants(rules: Iterable[Rule]) -> frozenset[Grant]:
 
 # The operator's ClusterRole (``gputask run``).
 OPERATOR: tuple[Rule, ...] = (
-    *(rule(res, "list", "watch", why="kopf or the operator's informers watch it; the operator rebuilds from it")
+    *(rule(res, "list", "watch", why="the operator's informers watch it; the operator rebuilds from it")
       for res in WATCHED),
     rule(GPUTASKS, "get", why="re-read a task after a status patch conflicted"),
     rule(GPUTASKS, "patch", sub="status", why="phase, conditions, placement, attempt and jobName of each task"),

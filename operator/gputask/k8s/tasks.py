@@ -1,5 +1,5 @@
-"""Task transitions: each sets the record (through :mod:`gputask.k8s.records`, the one module that changes
-records), then writes the status and posts the Event in one call.
+"""Task transitions: each sets the record (:mod:`gputask.k8s.phases`, through :mod:`gputask.k8s.records`, the one
+module that changes records), then writes the status and posts the Event in one call (:meth:`Transitions.say`).
 
 A transition changes the record before any ``await``, so a watch event handled meanwhile sees the new state.
 The record's phases are described in :mod:`gputask.k8s.records`; its names are re-exported here.
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputask.core import MILLI_PER_GPU, Placement, TaskKey
-from gputask.k8s import records
+from gputask.k8s import phases, records
 from gputask.k8s.client import ApiError, Conflict, Fenced, NotFound, doubling_backoff_s
-from gputask.k8s.lingering import HELD_NOTE
+from gputask.k8s.phases import Said
 from gputask.k8s.records import (
     ADMITTED,
     FAILED,
@@ -109,82 +109,68 @@ class Transitions:
         self.unwritten: dict[TaskKey, Unwritten] = {}  # refused status writes, tried again by retry()
         self._due: list[tuple[float, TaskKey]] = []  # heap of (retry_at, task) of those; outdated entries skipped
 
-    # -- transitions -------------------------------------------------------------------------------
+    # -- transitions (the record changed by gputask.k8s.phases, then what it says written) ----------------
     async def admitted(
         self, record: TaskRecord, placement: Placement, *, job_name: str | None, attempt: int, quota: str, message: str
     ) -> None:
         """Placed with quota reserved (``quota`` says by whom) and its Job created (or to come)."""
-        records.admitted(record, placement, job_name=job_name, attempt=attempt, quota=quota, message=message)
-        await self.publish(record, message, ("Normal", "Admitted", message))
+        await self.say(phases.admitted(record, placement, job_name=job_name, attempt=attempt, quota=quota,
+                                       message=message))
 
     async def running(self, record: TaskRecord, message: str) -> None:
         """A pod of its Job runs."""
-        records.running(record)
-        await self.publish(record, message)
+        await self.say(phases.running(record, message))
 
     async def waiting(self, record: TaskRecord, reason: str, message: str, position: int | None = None) -> None:
         """Pending for ``reason``; the Event is posted only for a new reason, not a new position."""
-        said, new = records.waiting(record, reason, message, position)
-        await self.publish(record, said, ("Normal", reason, message) if new else None)
+        await self.say(phases.waiting(record, reason, message, position))
 
     async def evicted(self, record: TaskRecord, reason: str, message: str) -> None:
         """Evicted from its placement and requeued (the Job is being deleted)."""
-        records.evicted(record, reason, message)
-        await self.publish(record, message, ("Warning", reason, message))
+        await self.say(phases.evicted(record, reason, message))
 
     async def rejected(self, record: TaskRecord, reason: str, message: str) -> None:
         """Its Job was refused (or could not start): Pending, with the API's words, until it is retried."""
-        records.rejected(record, reason, message)
-        await self.publish(record, message, ("Warning", reason, message))
+        await self.say(phases.rejected(record, reason, message))
 
     async def blocked(self, record: TaskRecord, reason: str, message: str) -> None:
         """Pending outside any queue until something it names exists (e.g. PriorityClassNotFound)."""
-        new = records.blocked(record, reason, message)
-        await self.publish(record, message, ("Warning", reason, message) if new else None)
+        await self.say(phases.blocked(record, reason, message))
 
     async def failed(self, record: TaskRecord, reason: str, message: str) -> None:
         """Failed for good (MaxReschedulesExceeded): it is no longer queued."""
-        records.failed(record, reason, message)
-        await self.publish(record, message, ("Warning", reason, message))
+        await self.say(phases.failed(record, reason, message))
 
     async def invalid(self, record: TaskRecord) -> None:
         """A spec that can never run: Failed with the reason, until the spec changes."""
-        reason, message = records.invalid(record)
-        await self.publish(record, message, ("Warning", reason, message))
+        await self.say(phases.invalid(record))
 
     async def finished(self, record: TaskRecord, outcome: str, why: str = "") -> None:
-        """Its Job completed (Succeeded) or failed (Failed; ``why``: the Job's Failed condition, "reason: message").
-        A failed task's Admitted condition turns False (reason JobFailed), so no column says Admitted any more."""
-        message = f"Job {record.job_name} {'completed' if outcome == SUCCEEDED else 'failed'}"
-        message += f" ({why})" if why else ""
-        records.finished(record, outcome, message)
-        await self.publish(record, message, ("Normal" if outcome == SUCCEEDED else "Warning", outcome, message))
+        """Its Job completed (Succeeded) or failed (Failed; ``why``: the Job's Failed condition, "reason: message")
+        (:func:`gputask.k8s.phases.finished`)."""
+        await self.say(phases.finished(record, outcome, why))
 
     async def gpus_held(self, record: TaskRecord, note: str, *, held: bool) -> None:
-        """An old Job of the task is gone while its pods are not: its GPUs stay ``held`` until they are (``note``:
-        :func:`~gputask.k8s.lingering.held_note`, added at the end of the Evicted condition's message), or are
-        released now (``note`` says so; the condition's message loses what was added; nothing when it never said so).
-        A Normal Event either way."""
-        evicted = record.conditions.get("Evicted")
-        said = str((evicted or {}).get("message") or "")
-        if not held and not HELD_NOTE.search(said):
-            return  # never said to be held (its node was deleted first): nothing to take back
-        if evicted is not None:
-            base = HELD_NOTE.sub("", said)
-            text = f"{base}; {note}"[:MAX_CONDITION_MESSAGE] if held else base
-            set_condition(record, "Evicted", evicted.get("status") == "True", str(evicted.get("reason")), text)
-        summary = str((record.obj.get("status") or {}).get("message") or note)
-        await self.publish(record, summary, ("Normal", "GPUsHeld" if held else "GPUsReleased", note))
+        """Its GPUs stay ``held`` until an old Job's pods are gone, or are released now
+        (:func:`gputask.k8s.phases.gpus_held`)."""
+        said = phases.gpus_held(record, note, held=held)
+        if said is not None:
+            await self.say(said)
 
     async def condition(self, record: TaskRecord, ctype: str, status: bool, reason: str, message: str) -> None:
         """Set another condition (KueueConflict); a Warning Event when it turns True."""
-        set_condition(record, ctype, status, reason, message)
-        summary = message if status else str((record.obj.get("status") or {}).get("message") or message)
-        await self.publish(record, summary, ("Warning", reason, message) if status else None)
+        await self.say(phases.condition(record, ctype, status, reason, message))
 
     async def note(self, record: TaskRecord, etype: str, reason: str, message: str) -> None:
         """An Event only (e.g. SpecChangeIgnored): the status does not change."""
         await self.writer.event(record.involved(), etype, reason, message)
+
+    async def say(self, said: Said) -> None:
+        """Write what ``said`` says: the status and then its Event (:meth:`publish`), or its Event alone."""
+        if said.status:
+            await self.publish(said.record, said.message, said.event)
+        elif said.event is not None:
+            await self.writer.event(said.record.involved(), *said.event)
 
     # -- writing ------------------------------------------------------------------------------------
     def status_of(self, record: TaskRecord, message: str) -> dict[str, Any]:

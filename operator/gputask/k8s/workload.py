@@ -7,7 +7,8 @@
 - how a placement is applied: :meth:`job_for` (today: a new Job pinned to the node and GPUs, owned by the workload,
   :func:`gputask.k8s.jobs.build_job`; an existing Job would be unsuspended and patched instead) and, in Kueue mode,
   :meth:`suspended_job` (:func:`gputask.k8s.kueue_api.build_kueue_job`);
-- how it is stopped: :meth:`stop_propagation` (its Job deleted, Foreground for a preemption);
+- how it is stopped: :meth:`stop` (today: its Job deleted through the writer, with :meth:`stop_propagation`,
+  Foreground for a preemption; a workload that is an existing Job would be suspended instead);
 - when it finished or failed: :meth:`finished` (the Job's Complete / Failed condition);
 - where its status goes: :attr:`status_resource` (a status patch of that resource by name and namespace) and
   :meth:`involved` (the ``involvedObject`` of its Events); :func:`owner_uid` tells which workload a Job is of.
@@ -25,13 +26,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from gputask.core import GpuRequest, Placement
 from gputask.core.fit import Toleration
-from gputask.k8s.jobrecords import job_failure, job_outcome
+from gputask.k8s.jobrecords import JobRecord, job_failure, job_outcome
 from gputask.k8s.jobs import TASK_UID_ANNOTATION, build_job
 from gputask.k8s.kueue_api import build_kueue_job
 from gputask.k8s.names import API_VERSION
 from gputask.k8s.pinning import ENVVAR, Pinning
 from gputask.k8s.records import TaskRecord
-from gputask.k8s.resources import GPUTASKS, Resource
+from gputask.k8s.resources import GPUTASKS, JOBS, Resource
 
 MAIN_POD_SET = "main"
 
@@ -43,6 +44,16 @@ class PodSetInfo:
     name: str
     count: int
     template: Mapping[str, Any]
+
+
+class Deleter(Protocol):
+    """What stopping a workload needs of the API: a delete (the :class:`~gputask.k8s.writer.Writer`'s, which checks
+    leadership first)."""
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
+                     propagation: str = "Background") -> bool:
+        """Delete an object; False when it was already gone; raises ApiError (Fenced when not leading)."""
+        ...
 
 
 @runtime_checkable
@@ -80,6 +91,11 @@ class Workload(Protocol):
 
     def stop_propagation(self, reason: str) -> str:
         """How its Job is deleted when it is evicted for ``reason``."""
+        ...
+
+    async def stop(self, api: Deleter, job: JobRecord, reason: str) -> bool:
+        """Stop ``job``, its run, for ``reason`` (an eviction's, or why it is no longer wanted); False when it was
+        gone already; raises the API's errors (the caller retries)."""
         ...
 
     def finished(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -134,6 +150,11 @@ class GPUTaskWorkload:
         """Foreground for a preemption (its preemptor waits for the pods to go), else Background."""
         return "Foreground" if reason == "Preempted" else "Background"
 
+    async def stop(self, api: Deleter, job: JobRecord, reason: str) -> bool:
+        """Delete ``job`` with :meth:`stop_propagation` of ``reason`` (its pods go with it); False when it was gone
+        already; raises ApiError."""
+        return await api.delete(JOBS, job.name, job.namespace, propagation=self.stop_propagation(reason))
+
     def finished(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
         """(Succeeded or Failed, the Failed condition's "reason: message") from its Job's conditions."""
         outcome = job_outcome(job)
@@ -162,4 +183,4 @@ def workload_of(record: TaskRecord) -> Workload:
     return GPUTaskWorkload(record)
 
 
-__all__ = ["GPUTaskWorkload", "PodSetInfo", "Workload", "owner_uid", "workload_of"]
+__all__ = ["Deleter", "GPUTaskWorkload", "PodSetInfo", "Workload", "owner_uid", "workload_of"]
