@@ -249,6 +249,24 @@ def scenario_chaos(
     raise typer.Exit(0 if not summary["violations"] and summary["accountedFor"] == tasks else 1)
 
 
+def _defrag_replay(trace_dir: Path, pods_file: str, policy: str, speedup: float, load: int, config: Path) -> int:
+    """``simulate --timed --defrag-config FILE``: defragmentation off and on, as JSON
+    (:mod:`gputask.sim.defrag_replay`)."""
+    import json
+
+    from gputask.config import ConfigError, load_config
+    from gputask.sim.defrag_replay import compare
+
+    try:
+        settings = load_config(config).defragmentation.core()
+        doc = compare(trace_dir, pods_file, policy=policy, speedup=speedup, load=load, config=settings)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"gputask simulate: {exc}", err=True)
+        return 2
+    typer.echo(json.dumps(doc, indent=2))
+    return 0
+
+
 @app.command()
 def simulate(
     trace_dir: Annotated[Path, typer.Option(help="Folder of the Alibaba GPU trace v2023 CSVs (not shipped).")],
@@ -277,6 +295,11 @@ def simulate(
     ] = False,
     speedup: Annotated[float, typer.Option(help="--timed: divide arrival times by this.")] = 2000.0,
     load: Annotated[int, typer.Option(min=1, help="--timed: copies of every pod (raises demand).")] = 2,
+    defrag_config: Annotated[
+        Path | None,
+        typer.Option(help="--timed: compare defragmentation off and on, as this operator configuration's "
+                     "defragmentation section sets it (mode Enabled), instead of gputask against FIFO."),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Replay the Alibaba GPU trace (FGD protocol) through the core and compare policies.
@@ -293,6 +316,8 @@ def simulate(
             raise typer.Exit(2)
         chosen = (policy or [DEFAULT_POLICY])[0]
         pods_file = (pods or ["openb_pod_list_default.csv"])[0]
+        if defrag_config is not None:
+            raise typer.Exit(_defrag_replay(trace_dir, pods_file, chosen, speedup, load, defrag_config))
         raise typer.Exit(
             cli_timed(
                 trace_dir, pods_file=pods_file, policy=chosen, speedup=speedup, load=load, output=output, quiet=quiet

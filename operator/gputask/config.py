@@ -27,6 +27,14 @@ Shape (YAML)::
     queuePositionsTracked: 100      # Pending tasks per queue whose status.queuePosition is kept up to date
     fairSharing:
       preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]  # Kueue's, tried in order
+    defragmentation:                # move opted-in tasks so a task waiting on fragmentation fits (issue 32)
+      mode: Disabled                # Disabled | DryRun (plans reported, nothing moved) | Enabled
+      minRuntime: 5m                # a task runs at least this long before it may be moved
+      maxMovesPerWindow: 4          # moves in the whole cluster (so per queue too) within any window
+      window: 1h                    # the sliding window of maxMovesPerWindow
+      priorityThreshold: 0          # moved priority - waiting priority at most this (0: lower or equal)
+      maxMovesPerQueue: null        # moves of one queue's tasks per window; null = maxMovesPerWindow
+      schedule: ""                  # cron (5 fields, UTC): the minutes moves may start in; "" = any time
 
 Durations accept seconds as a number or a string with s/m/h suffix.
 """
@@ -34,11 +42,15 @@ Durations accept seconds as a number or a string with s/m/h suffix.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    from gputask.core.defrag import DefragConfig
 
 _DNS_SUBDOMAIN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 """A RuntimeClass name (a DNS subdomain, as the API validates ``runtimeClassName``), or empty."""
@@ -101,6 +113,50 @@ class MemoryBudgetConfig(BaseModel):
     tolerance_mib: StrictInt = Field(1024, alias="toleranceMiB", ge=0)
 
 
+class DefragmentationConfig(BaseModel):
+    """``defragmentation``: moves of opted-in tasks (``spec.disruption.movable``) that make room for a task waiting
+    on fragmentation (:mod:`gputask.core.defrag`). ``schedule``: a cron expression (five fields, UTC, parsed by
+    croniter) whose matching minutes are the maintenance window; empty: any time."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    mode: Literal["Disabled", "DryRun", "Enabled"] = "Disabled"
+    min_runtime_s: Duration = Field(300.0, alias="minRuntime", ge=0)
+    max_moves_per_window: StrictInt = Field(4, alias="maxMovesPerWindow", ge=1, le=10_000)
+    window_s: Duration = Field(3600.0, alias="window", gt=0)
+    priority_threshold: StrictInt = Field(0, alias="priorityThreshold")
+    max_moves_per_queue: StrictInt | None = Field(None, alias="maxMovesPerQueue", ge=0, le=10_000)
+    schedule: str = ""
+
+    @model_validator(mode="after")
+    def _cron(self) -> DefragmentationConfig:
+        from croniter import croniter
+
+        if self.schedule and (len(self.schedule.split()) != 5 or not croniter.is_valid(self.schedule)):
+            raise ValueError(f"schedule {self.schedule!r} is not a cron expression of 5 fields (e.g. '* 1-5 * * 6,0')")
+        return self
+
+    def core(self) -> DefragConfig:
+        """The core's :class:`~gputask.core.defrag.DefragConfig` (the schedule as a predicate of the time, s)."""
+        from gputask.core.defrag import DefragConfig
+
+        allowed = None if not self.schedule else cron_window(self.schedule)
+        return DefragConfig(self.mode, self.min_runtime_s, self.max_moves_per_window, self.window_s,
+                            self.priority_threshold, self.max_moves_per_queue, allowed)
+
+
+def cron_window(expression: str) -> Callable[[float], bool]:
+    """True at the times (s since the epoch, UTC) whose minute ``expression`` matches (croniter)."""
+    from datetime import UTC, datetime
+
+    from croniter import croniter
+
+    def allowed(now: float) -> bool:
+        return bool(croniter.match(expression, datetime.fromtimestamp(now, UTC)))
+
+    return allowed
+
+
 class Config(BaseModel):
     """Validated operator configuration (durations in seconds)."""
 
@@ -128,6 +184,7 @@ class Config(BaseModel):
     queue_positions_tracked: StrictInt = Field(100, alias="queuePositionsTracked", ge=0, le=100_000)
     fair_sharing: FairSharingConfig = Field(default_factory=FairSharingConfig, alias="fairSharing")
     memory_budget: MemoryBudgetConfig = Field(default_factory=MemoryBudgetConfig, alias="memoryBudget")
+    defragmentation: DefragmentationConfig = Field(default_factory=DefragmentationConfig)
 
     @model_validator(mode="after")
     def _pinning_fits_queueing(self) -> Config:

@@ -298,7 +298,7 @@ def explain_task(view: Controller, namespace: str, name: str, status: Mapping[st
     keeps waiting before any queue (its GPULocalQueue missing, its PriorityClass missing) is reported ``pending``
     with that reason (from ``status``) as its gate."""
     key = task_key(namespace, name)
-    found = replace(diagnose(view.scheduler, key), held=tuple(view.held_for(key)))
+    found = replace(diagnose(view.scheduler, key, time.time()), held=tuple(view.held_for(key)))
     record = view.tasks.get(key)
     reason = _reason(status or {})
     if found.state == "unknown" and record is not None and record.phase == "Pending" and reason:
@@ -389,6 +389,10 @@ def render_diagnosis(console: Console, found: Diagnosis, status: Mapping[str, An
             out(f"  preemption: would evict {names} on node {view.preemption.node}")
         else:
             out(f"  preemption: none: {view.preemption.why_not}")
+    if found.defragmentation:
+        out("", bold="\ndefragmentation (it waits Fragmented)")
+        for line in found.defragmentation:
+            out(f"  {line}")
     if found.gate is None and any(v.fits_now for v in found.flavors):
         out("\nIt fits now: the operator's next cycle admits it (unless tasks ahead of it take the room first).")
     elif found.changes:

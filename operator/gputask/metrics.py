@@ -8,6 +8,7 @@ observed where the events happen. Served by ``gputask run --metrics-port``.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -20,6 +21,8 @@ from gputask.core.flavors import split_key
 MIB = 1 << 20
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+log = logging.getLogger("gputask.metrics")
 
 
 def fragmentation_ratio(scheduler: Scheduler) -> float:
@@ -133,6 +136,23 @@ class OperatorMetrics:
             "gputask_preemptions_total", "Tasks preempted, by victim queue.", ["queue"], registry=r
         )
         self.evictions = Counter("gputask_evictions_total", "Tasks evicted, by reason.", ["reason"], registry=r)
+        self.defrag_moves = Counter(
+            "gputask_defrag_moves_total", "Tasks moved by defragmentation (evicted Defragmented, re-admitted).",
+            registry=r)
+        self.defrag_refused = Counter(
+            "gputask_defrag_plans_refused_by_budget_total",
+            "Defragmentation attempts a move budget stopped (maxMovesPerWindow, maxMovesPerQueue).", registry=r)
+        self.defrag_dry_runs = Counter(
+            "gputask_defrag_dry_run_plans_total", "Defragmentation plans reported and not run (mode DryRun).",
+            registry=r)
+        self.defrag_lost = Counter(
+            "gputask_defrag_lost_work_gpu_hours_total",
+            "GPU-hours of work lost by moved tasks (GPUs held times how long each had run).", registry=r)
+        self.defrag_waited = Histogram(
+            "gputask_defrag_waiting_task_wait_seconds",
+            "How long a task waited (since its creation) before defragmentation made room for it.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self._defrag_seen = (0, 0, 0, 0.0)
         self.reschedules = Counter("gputask_reschedules_total", "Re-placements after node or GPU failure.", registry=r)
         self.api_errors = Counter("gputask_api_errors_total", "Failed Kubernetes API calls.", registry=r)
         self.strays = Counter(
@@ -221,8 +241,27 @@ class OperatorMetrics:
                 self.usage.labels(queue, resource).set(_base(resource, used))
                 self.borrowed.labels(queue, resource).set(_base(resource, lent))
         self._refresh_nodes(scheduler)
+        self._refresh_defrag(scheduler)
         if waiting:  # reads every GPU: with the once-a-second series
             self.fragmentation.set(fragmentation_ratio(scheduler))
+
+    def _refresh_defrag(self, scheduler: Scheduler) -> None:
+        """Count what defragmentation did since the last refresh, and log each plan it found (applied, or only
+        reported in DryRun) with its moves."""
+        stats = scheduler.defrag.stats
+        seen, self._defrag_seen = self._defrag_seen, (stats.moves, stats.refused_by_budget, stats.dry_runs,
+                                                      stats.lost_gpu_s)
+        self.defrag_moves.inc(stats.moves - seen[0])
+        self.defrag_refused.inc(stats.refused_by_budget - seen[1])
+        self.defrag_dry_runs.inc(stats.dry_runs - seen[2])
+        self.defrag_lost.inc((stats.lost_gpu_s - seen[3]) / 3600.0)
+        for report in scheduler.defrag.take_reports():
+            plan = report.plan
+            what = "moving" if report.applied else "dry run, would move"
+            log.info("defragmentation for %s on %s: %s %s", plan.task.key, ", ".join(plan.placement.nodes), what,
+                     plan.describe())
+            if report.applied:
+                self.defrag_waited.observe(max(0.0, report.at - plan.task.created))
 
     def _refresh_waiting(self, scheduler: Scheduler) -> None:
         """From the scheduler's counts of the waits it said (kept as they change): O(queues and filters)."""

@@ -55,6 +55,8 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
+        "defragmentation": {"mode": "Disabled", "minRuntime": 300.0, "maxMovesPerWindow": 4, "window": 3600.0,
+                            "priorityThreshold": 0, "maxMovesPerQueue": None, "schedule": ""},
     }
 
 
@@ -104,6 +106,8 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
+        "defragmentation": {"mode": "Disabled", "minRuntime": 300.0, "maxMovesPerWindow": 4, "window": 3600.0,
+                            "priorityThreshold": 0, "maxMovesPerQueue": None, "schedule": ""},
     }
 
 
@@ -234,3 +238,20 @@ def test_a_boolean_or_string_for_a_number_and_a_key_given_twice_are_refused(
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert message in str(info.value)
+
+
+def test_defragmentation_reads_its_settings_and_a_cron_schedule_as_a_utc_window(tmp_path: Path) -> None:
+    """defragmentation: mode, durations, budgets; the schedule's minutes (UTC) are when moves may start; a bad
+    mode or cron expression is refused by name."""
+    text = ("defragmentation: {mode: Enabled, minRuntime: 2m, maxMovesPerWindow: 2, window: 30m, "
+            "priorityThreshold: -1, maxMovesPerQueue: 1, schedule: '* 1-5 * * *'}\n")
+    core = load(tmp_path, text).defragmentation.core()
+    assert (core.mode, core.min_runtime_s, core.max_moves_per_window, core.window_s, core.priority_threshold,
+            core.max_moves_per_queue) == ("Enabled", 120.0, 2, 1800.0, -1, 1)
+    assert core.allowed_at is not None
+    assert [core.allowed_at(h * 3600.0) for h in (0, 1, 5, 6)] == [False, True, True, False]
+    assert load(tmp_path, "defragmentation: {mode: DryRun}\n").defragmentation.core().allowed_at is None
+    assert load_error(tmp_path, "defragmentation: {mode: On}\n") == (
+        "FILE: invalid configuration:\n  defragmentation.mode: Input should be 'Disabled', 'DryRun' or 'Enabled'")
+    assert "is not a cron expression" in load_error(tmp_path, "defragmentation: {schedule: '61 * * * *'}\n")
+    assert "is not a cron expression" in load_error(tmp_path, "defragmentation: {schedule: '* * * * * *'}\n")

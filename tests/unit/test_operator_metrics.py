@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gputask.core import Gpu, GpuRequest, Node, NodeName, Scheduler, Task, TaskKey
 from gputask.manifests.convert import flavor_from_manifest, queue_from_manifest
 from gputask.metrics import OperatorMetrics
@@ -74,3 +76,29 @@ def test_gpu_gauges_follow_changes_and_drop_nodes_gone() -> None:
     frees = sorted(free(on, str(i)) or 0.0 for i in range(2 if on == "a" else 1))
     assert (free(gone, "0"), sample("gputask_node_gpu_memory_free_bytes", {"node": gone}), frees[0]) == (
         None, None, 14 * GIB * 2**20)
+
+
+def test_defragmentation_moves_lost_work_and_waits_are_counted_and_each_plan_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After a cycle that moved two tasks (1 GPU each, run 100 s) for a task created at 10 s, moved at 100 s."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_core_defrag import BIG, cluster
+
+    metrics = OperatorMetrics()
+    s = cluster()
+    s.submit(BIG)
+    s.cycle(100.0)
+    with caplog.at_level("INFO", logger="gputask.metrics"):
+        metrics.refresh(s)
+        metrics.refresh(s)  # nothing new: counted once
+    registry = metrics.registry
+    assert [registry.get_sample_value(n) for n in (
+        "gputask_defrag_moves_total", "gputask_defrag_lost_work_gpu_hours_total",
+        "gputask_defrag_waiting_task_wait_seconds_sum", "gputask_defrag_plans_refused_by_budget_total")] == [
+        2.0, 200.0 / 3600.0, 90.0, 0.0]
+    assert [r.getMessage() for r in caplog.records] == [
+        "defragmentation for ns/big on a: moving ns/s1 (a to b), ns/s2 (a to b)"]

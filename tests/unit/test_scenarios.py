@@ -935,3 +935,39 @@ def test_bad_links_are_a_clear_error(links: list[dict[str, Any]], message: str) 
     with pytest.raises(ScenarioError) as caught:
         run_scenario(doc)
     assert str(caught.value) == message
+
+
+def _fragmented_scenario() -> dict[str, Any]:
+    """Two nodes of 4 GPUs; packing fills node-a with a1-a4, node-b with b1-b4; a1, a2, b1, b2 finish at 100 (2 GPUs
+    free on each node); a 4-GPU task arrives at 200. The others opted in to moves."""
+    nodes = [node("node-a", *["24Gi"] * 4), node("node-b", *["24Gi"] * 4)]
+    events = [submit(f"{n}{i}", 0, 100 if i <= 2 else None, gpus=1, **({} if i <= 2 else {
+        "disruption": {"movable": True}})) for n in ("a", "b") for i in range(1, 5)]
+    events.append(submit("big", 200, gpus=4))
+    return scenario(nodes, events, until=400)
+
+
+def test_defragmentation_moves_two_tasks_and_their_history_shows_it() -> None:
+    """Enabled (minRuntime 60s): at 200 a3 and a4 are evicted (Defragmented, by big) and admitted on node-b at once,
+    and big is admitted on node-a; Disabled: big waits Fragmented, naming the free blocks."""
+    on = Config.model_validate({"defragmentation": {"mode": "Enabled", "minRuntime": "60s"}})
+    result = run_scenario(_fragmented_scenario(), config=on)
+    tasks = {t["name"]: t for t in result["tasks"]}
+    assert tasks["a3"]["history"] == [
+        entry(0, "Admitted", node="node-a", gpus=(2,)),
+        entry(200, "Evicted", "Defragmented", node="node-a", gpus=(2,), by="default/big"),
+        entry(200, "Requeued", "Defragmented"),
+        entry(200, "Admitted", node="node-b", gpus=(0,)),
+    ]
+    assert tasks["big"]["history"] == [entry(200, "Admitted", node="node-a", gpus=(0, 1, 2, 3))]
+    assert (tasks["a4"]["node"], tasks["a4"]["attempt"]) == ("node-b", 2)
+    assert result["defragmentation"]["plans"] == [{
+        "at": 200, "task": "default/big", "node": "node-a", "applied": True,
+        "moves": [{"task": "default/a3", "from": "node-a", "to": "node-b", "lostGpuSeconds": 200},
+                  {"task": "default/a4", "from": "node-a", "to": "node-b", "lostGpuSeconds": 200}],
+    }]
+    assert result["violations"] == []
+    off = {t["name"]: t for t in run_scenario(_fragmented_scenario())["tasks"]}
+    assert (off["big"]["phase"], off["big"]["reason"], off["big"]["message"]) == (
+        "Pending", "Fragmented", "needs 4 GPUs idle on one node: 4 are free in the cluster but no node has more than 2 "
+        "(largest free blocks: node-a 2, node-b 2)")

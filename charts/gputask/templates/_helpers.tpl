@@ -106,4 +106,12 @@ fairSharing:
 memoryBudget:
   action: {{ toYaml $c.memoryBudget.action }}
   toleranceMiB: {{ toYaml $c.memoryBudget.toleranceMiB }}
+defragmentation:
+  mode: {{ toYaml $c.defragmentation.mode }}
+  minRuntime: {{ toYaml $c.defragmentation.minRuntime }}
+  maxMovesPerWindow: {{ toYaml $c.defragmentation.maxMovesPerWindow }}
+  window: {{ toYaml $c.defragmentation.window }}
+  priorityThreshold: {{ toYaml $c.defragmentation.priorityThreshold }}
+  maxMovesPerQueue: {{ toYaml $c.defragmentation.maxMovesPerQueue }}
+  schedule: {{ $c.defragmentation.schedule | quote }}
 {{- end }}

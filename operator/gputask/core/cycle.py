@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from gputask.core.cache import Cache
 from gputask.core.cluster import NodeState
 from gputask.core.decisions import Admit, CycleStats, Decision, Evict, Pending, Wait
+from gputask.core.defrag import Defragmenter, fragmented
 from gputask.core.flavors import ineligible, variant
 from gputask.core.model import NodeName, Placement, PodPlacement, Task, TaskKey
 from gputask.core.placement import Outcome, Policy, QuotaCheck, TotalQuotaCheck, find_placement
@@ -50,6 +51,7 @@ class _CycleMemo:
     blocked_queues: set[str] = field(default_factory=set)
     preemption_failed: set[tuple[object, ...]] = field(default_factory=set)
     namespaces: dict[tuple[str, tuple[tuple[str, str], ...]], Wait | None] = field(default_factory=dict)
+    defrag_failed: set[tuple[object, ...]] = field(default_factory=set)
 
 
 class _WouldChange(Exception):
@@ -65,7 +67,7 @@ class Cycle:
 
     def __init__(
         self, cache: Cache, queues: Queues, moves: Transitions, policy: Policy, strategies: Sequence[str],
-        tracked_positions: int,
+        tracked_positions: int, defrag: Defragmenter | None = None,
     ) -> None:
         self.cache = cache
         self.queues = queues
@@ -78,6 +80,7 @@ class Cycle:
         # preemptions that found no plan, by (queue, shape, priority): the world then, the oldest task tried
         self._preemption_failed: dict[tuple[object, ...], tuple[tuple[int, int, int, int], tuple[float, str]]] = {}
         self._probing = False
+        self.defrag = defrag or Defragmenter()  # moves for tasks waiting on fragmentation (core/defrag.py)
 
     # -- the walk ---------------------------------------------------------------------------------
     def walk(self, now: float) -> list[Decision]:
@@ -93,6 +96,7 @@ class Cycle:
         """
         memo = _CycleMemo()
         self._variant_cache.clear()  # flavors and queue specs change between cycles only
+        self.defrag.wake_at = float("inf")
         decisions = self.moves.take_carry()
         decisions += self._failure_evictions(now)
         decisions += self._admit_nominated(now)
@@ -267,6 +271,8 @@ class Cycle:
             if outcome.placement is not None:
                 return outcome.placement, Wait("", "")
             known = never_fits_queue(task, quotas) or explain(task, outcome, quotas, cluster)
+            if known.reason is Reason.NO_FIT:  # free GPUs enough, but on no one node: Fragmented
+                known = fragmented(task, cluster, quotas, self.cache.largest_gpu_mib) or known
             memo.outcomes[shape] = known
         return None, known
 
@@ -312,6 +318,14 @@ class Cycle:
             if Reason.INADMISSIBLE in reasons and len(reasons) > 1:
                 known = next(k for _, k in tried if k.reason is not Reason.INADMISSIBLE)
             known = Wait(known.reason, "; ".join(f"flavor {t.flavor}: {k.message}" for t, k in tried), known.filters)
+        if self.defrag.enabled:
+            stuck = next((t for t, k in tried if k.reason is Reason.FRAGMENTED), None)
+            moved = [] if stuck is None else self.defrag.attempt(
+                stuck, self.cache, self.queues, self.moves, self.policy, now, memo.defrag_failed, probing=self._probing)
+            if moved is None:
+                raise _WouldChange
+            if moved:
+                return moved
         if spec.strategy == "StrictFIFO" and known.reason is not Reason.INADMISSIBLE:  # the never-fitting block nobody
             memo.blocked_queues.add(task.queue)
         return [Pending(task, known.reason, known.message, filters=known.filters)]

@@ -125,6 +125,7 @@ class Diagnosis:
     changes: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
     links: tuple[str, ...] = ()
+    defragmentation: tuple[str, ...] = ()
 
 
 def _unit(resource: str) -> str:
@@ -137,10 +138,12 @@ def _amount(value: int, unit: str) -> str:
     return f"{value} MiB"
 
 
-def diagnose(scheduler: SchedulerView, key: TaskKey) -> Diagnosis:
+def diagnose(scheduler: SchedulerView, key: TaskKey, now: float | None = None) -> Diagnosis:
     """Explain task ``key`` as the scheduler sees it now; the state is left unchanged.
 
-    A running task is reported ``admitted`` with its node; a key the scheduler does not know, ``unknown``.
+    A running task is reported ``admitted`` with its node; a key the scheduler does not know, ``unknown``. With
+    ``now`` (s), a task waiting on fragmentation also gets the defragmentation plan a cycle would run then, or why
+    none (``defragmentation``).
     """
     entry = scheduler.running.get(key) or scheduler.nominated.get(key)
     if entry is not None:
@@ -166,7 +169,8 @@ def diagnose(scheduler: SchedulerView, key: TaskKey) -> Diagnosis:
         for change in _changes(scheduler, variant, view):
             if change not in changes:
                 changes.append(change)
-    return replace(base, flavors=views, changes=tuple(changes))
+    defrag = () if now is None else scheduler.defrag_lines(variants[0] if variants else task, now)
+    return replace(base, flavors=views, changes=tuple(changes), defragmentation=defrag)
 
 
 def _links(scheduler: SchedulerView, placement: Placement) -> tuple[str, ...]:

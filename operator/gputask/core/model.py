@@ -214,6 +214,9 @@ class Task:
     ``flavor`` is the ResourceFlavor it is tried or admitted in (``""``: the queue's implicit one),
     ``card_mib`` that flavor's charging card size, ``unflavored`` the task before the flavor was
     applied (:func:`gputask.core.flavors.variant`; None for a task not in a flavor).
+    ``movable`` is ``spec.disruption.movable``: the task may be moved (evicted and re-admitted elsewhere at once) to
+    make room for a task that waits on fragmentation (:mod:`gputask.core.defrag`); None: its GPUClusterQueue's
+    default (:attr:`~gputask.core.quota.QueueSpec.movable`).
     ``topology_required`` / ``topology_preferred`` name a node label key (``topology.kubernetes.io/zone``, a rack
     label, ``nvidia.com/gpu.clique``): required = every pod on nodes that share one value of it (a node without the
     label takes none); preferred = its pods on as few values (domains) as possible. At most one is set; None: any
@@ -236,6 +239,7 @@ class Task:
     card_mib: int | None = None
     unflavored: Task | None = None
     pod_sets: tuple[PodSet, ...] = ()
+    movable: bool | None = None
     topology_required: str | None = None
     topology_preferred: str | None = None
 

@@ -93,7 +93,8 @@ class QueueSpec:
     from a GPUClusterQueue manifest) fails closed as Kueue does: a queue that lists neither GPU
     resource (``nvidia.com/gpu``, ``gputask.io/gpu-memory``) admits nothing. Both measure the same
     devices, so listing one of them is covering the task's request; the other, unlisted, is not
-    limited.
+    limited. ``movable`` (``spec.disruption.movable``) is the default of its tasks that say nothing of it
+    (:attr:`~gputask.core.model.Task.movable`): whether defragmentation may move them.
     """
 
     name: str
@@ -108,6 +109,7 @@ class QueueSpec:
     flavors: tuple[str, ...] = ()
     when_can_borrow: WhenCanBorrow = "Borrow"
     when_can_preempt: WhenCanPreempt = "TryNextFlavor"
+    movable: bool = False
 
     def uncovered(self) -> str | None:
         """Why the queue can admit no task because it covers no GPU resource, else None."""

@@ -44,6 +44,9 @@ class Reason(StrEnum):
     GPU_FAILURE = "GPUFailure"
     MAX_RESCHEDULES_EXCEEDED = "MaxReschedulesExceeded"
     GPU_MEMORY_EXCEEDED = "GPUMemoryExceeded"
+    FRAGMENTED = "Fragmented"
+    DEFRAGMENTING = "Defragmenting"
+    DEFRAGMENTED = "Defragmented"
 
 
 QUEUE_NOT_FOUND, QUEUE_INACTIVE, QUEUE_HELD = Reason.QUEUE_NOT_FOUND, Reason.QUEUE_INACTIVE, Reason.QUEUE_HELD

@@ -38,6 +38,7 @@ from gputask.core.decisions import (
     Fail,
     Pending,
 )
+from gputask.core.defrag import DefragConfig, Defragmenter, DefragPlan
 from gputask.core.ledger import Entry
 from gputask.core.model import Node, NodeName, Placement, Task, TaskKey
 from gputask.core.placement import DEFAULT_POLICY, Policy, make_policy
@@ -85,6 +86,7 @@ class Scheduler:
         tracked_positions: int = TRACKED_POSITIONS,
         memory_budget: MemoryBudget | None = None,
         incremental: bool = True,
+        defragmentation: DefragConfig | None = None,
     ) -> None:
         chosen = policy or make_policy(DEFAULT_POLICY)
         self.memory_budget = memory_budget or MemoryBudget()
@@ -94,7 +96,8 @@ class Scheduler:
         cache = self.cache = Cache(node_failure_grace_s)
         queues = self.queues = Queues()
         moves = self.moves = Transitions(cache, queues, self.memory_budget)
-        self.cycles = Cycle(cache, queues, moves, chosen, self.strategies, tracked_positions)
+        self.defrag = Defragmenter(defragmentation)
+        self.cycles = Cycle(cache, queues, moves, chosen, self.strategies, tracked_positions, self.defrag)
         # what reports read (SchedulerView), owned by the parts:
         self.cluster, self.quotas, self.ledger, self.health = cache.cluster, cache.quotas, cache.ledger, cache.health
         self.flavors, self.invalid_flavors, self.inactive = cache.flavors, cache.invalid_flavors, cache.inactive
@@ -214,9 +217,20 @@ class Scheduler:
         grace = self.health.failures.grace_s
         ends = self.queues.backoff_ends(now)
         ends += [since + grace for since in self.health.failures.down_since.values() if since + grace >= now]
+        if self.defrag.wake_at > now:  # a refused move could be allowed by time alone (minRuntime, window, schedule)
+            ends.append(self.defrag.wake_at)
         return min(ends, default=float("inf"))
 
     # -- reports ------------------------------------------------------------------------------
+    def defrag_plan(self, task: Task, now: float) -> tuple[DefragPlan | None, str]:
+        """The defragmentation a cycle at ``now`` would plan for waiting ``task`` and why none (``""`` with one),
+        whatever the mode; changes nothing (planned on snapshots)."""
+        return self.defrag.plan(task, self.cache, self.policy, now)
+
+    def defrag_lines(self, task: Task, now: float) -> tuple[str, ...]:
+        """What ``gputask explain`` says of defragmentation for ``task`` at ``now`` (:meth:`Defragmenter.explain`)."""
+        return self.defrag.explain(task, self.cache, self.policy, now)
+
     def never_admits(self, task: Task) -> bool:
         """True when ``task``'s GPUClusterQueue exists and never admits it (its namespaceSelector does not select
         the task's namespace): such a task has no queue position and is not counted in the queue's pending work."""

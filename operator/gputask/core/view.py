@@ -102,6 +102,11 @@ class SchedulerView(Protocol):
         """Where a cycle would place ``task`` now ignoring quota, what it charges, and the quota key refusing it."""
         ...
 
+    def defrag_lines(self, task: Task, now: float) -> tuple[str, ...]:
+        """For a task waiting Fragmented: the defragmentation a cycle at ``now`` would run (moves, where each goes,
+        the budget left) or why none; () for another task. Changes nothing."""
+        ...
+
     def preemption_plan(self, task: Task) -> Plan | None:
         """The preemption a cycle would start for ``task`` now (tried on a snapshot), None when none makes room."""
         ...

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gputask.config import Config
 from gputask.core import InvalidTaskError, Scheduler, Task, TaskKey, make_policy, task_key
 from gputask.core.budget import MemoryBudget
+from gputask.core.defrag import DRY_RUN, ENABLED, DefragConfig
 from gputask.k8s import records
 from gputask.k8s.foreign import ForeignPods
 from gputask.k8s.inventory import Inventory
@@ -59,6 +61,17 @@ from gputask.k8s.taskpods import TaskPods
 log = logging.getLogger("gputask.controller")
 
 
+def operator_defragmentation(config: Config) -> DefragConfig:
+    """The core's defragmentation settings in the operator: ``Enabled`` runs as ``DryRun`` (plans reported, nothing
+    moved) until moves go through the Eviction API, so that no PodDisruptionBudget is ever broken (issue 32)."""
+    core = config.defragmentation.core()
+    if core.mode != ENABLED:
+        return core
+    log.warning("defragmentation mode Enabled runs as DryRun in the operator: moves through the Eviction API "
+                "(PodDisruptionBudgets) are not built yet")
+    return replace(core, mode=DRY_RUN)
+
+
 class Controller:
     """Task and Job records, the inventory and the core scheduler. Never raises on bad input."""
 
@@ -76,6 +89,7 @@ class Controller:
             preemption_strategies=self.config.fair_sharing.preemption_strategies,
             tracked_positions=self.config.queue_positions_tracked,
             memory_budget=MemoryBudget(budget.action, budget.tolerance_mib),
+            defragmentation=operator_defragmentation(self.config),
         )
         self.pods = TaskPods(self)  # the pods of our Jobs, disruptions, pod-start deadlines, memory budgets
         self.task_pods, self.pods_of_jobs, self.over_budget = (  # (pod uid -> Job key, for the pods of our Jobs)

@@ -255,6 +255,7 @@ def task_from_manifest(
         "namespace_labels": tuple(sorted((namespace_labels or {}).items())),
         "topology_required": required,
         "topology_preferred": preferred,
+        "movable": movable(spec, _bad),
     }
     key = task_key(namespace, meta["name"])
     if entries is None:
@@ -350,6 +351,20 @@ def _section(parent: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[s
     return value
 
 
+def movable(spec: Mapping[str, Any], bad: Callable[[str], Exception]) -> bool | None:
+    """``spec.disruption.movable`` (None when unset: the GPUClusterQueue's default); ``bad(message)`` is raised
+    for a value that is no boolean."""
+    disruption = spec.get("disruption")
+    if disruption is None:
+        return None
+    if not isinstance(disruption, Mapping):
+        raise bad(f"spec.disruption must be an object, got {disruption!r}")
+    value = disruption.get("movable")
+    if value is not None and not isinstance(value, bool):
+        raise bad(f"spec.disruption.movable must be true or false, got {value!r}")
+    return value
+
+
 def _choice(parent: Mapping[str, Any], key: str, allowed: tuple[str, ...], prefix: str = "") -> str:
     value = parent.get(key, allowed[0])
     if value not in allowed:
@@ -425,6 +440,7 @@ def queue_from_manifest(name: str, spec: Mapping[str, Any] | None, *, open_defau
         flavors=flavors,
         when_can_borrow=when_can_borrow,
         when_can_preempt=when_can_preempt,
+        movable=bool(movable(spec, InvalidQueueError)),
     )
 
 

@@ -76,6 +76,7 @@ from gputask.core import (
     TaskKey,
     make_policy,
 )
+from gputask.core.defrag import DefragReport
 from gputask.core.failures import GPU_FAILURE, NODE_FAILURE
 from gputask.core.model import mig_parent_index
 from gputask.core.scheduler import Decision, Evict, Fail
@@ -213,6 +214,7 @@ class _Run:
         self.records: list[_Record] = []
         self.by_key: dict[TaskKey, _Record] = {}
         self.violations: dict[str, str] = {}
+        self.defrag_plans: list[dict[str, Any]] = []  # defragmentation plans, applied or dry-run, as they come
         self.checks = _Checks()
         self.heap: list[tuple[float, int, int, tuple[Any, ...]]] = []
         self.seq = itertools.count()
@@ -221,7 +223,8 @@ class _Run:
     def _new_scheduler(self) -> Scheduler:
         policy: Policy = make_policy("firstfit" if self.policy == FIFO else self.policy)
         grace = self.config.node_failure_grace_period_s
-        scheduler = Scheduler(policy=policy, nodes=self.nodes.values(), node_failure_grace_s=grace)
+        scheduler = Scheduler(policy=policy, nodes=self.nodes.values(), node_failure_grace_s=grace,
+                              defragmentation=self.config.defragmentation.core())
         for flavor in core_flavors(self.scenario):
             scheduler.set_flavor(flavor)
         for spec in self.queues:
@@ -359,6 +362,7 @@ class _Run:
         for _ in range(_MAX_ROUNDS):
             decisions = self.scheduler.cycle(now)
             self._apply(now, decisions)
+            self.defrag_plans += [_plan_output(r) for r in self.scheduler.defrag.take_reports()]
             self._check(now)
             if not any(isinstance(d, Admit | Evict) for d in decisions):
                 return
@@ -425,6 +429,7 @@ class _Run:
             "violations": list(self.violations.values()),
             "makespan": _num(max(finished)) if finished else None,
             "unfinished": sum(1 for r in self.records if r.live),
+            **({"defragmentation": {"plans": self.defrag_plans}} if self.scheduler.defrag.enabled else {}),
         }
 
 
@@ -511,6 +516,19 @@ def _pods_of(task: Task | None, placement: Placement | None) -> list[dict[str, A
          "memoryPerGpu": max(s.memory_mib for s in pod.gpus)}
         for (name, index), pod in zip(pod_ids(task), placement.pods, strict=True)
     ]
+
+
+def _plan_output(report: DefragReport) -> dict[str, Any]:
+    """A defragmentation plan in the output: when, for which task on which node, applied or dry-run, its moves."""
+    plan = report.plan
+    return {
+        "at": _num(report.at),
+        "task": plan.task.key,
+        "node": ", ".join(plan.placement.nodes),
+        "applied": report.applied,
+        "moves": [{"task": m.task.key, "from": ", ".join(m.origin.nodes), "to": ", ".join(m.target.nodes),
+                   "lostGpuSeconds": _num(m.lost_gpu_s)} for m in plan.moves],
+    }
 
 
 def _task_output(record: _Record) -> dict[str, Any]:

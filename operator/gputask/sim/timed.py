@@ -30,7 +30,7 @@ import heapq
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from gputask.core import (
     TaskKey,
     make_policy,
 )
+from gputask.core.defrag import DefragConfig
 from gputask.core.scheduler import Evict
 from gputask.sim.trace import NODE_LIST, TraceError, build_nodes, read_nodes, read_pods, request_of
 
@@ -131,7 +132,9 @@ def queues_for(pods: list[TimedPod], total_milli: int) -> list[QueueSpec]:
 
 @dataclass(slots=True)
 class TimedResult:
-    """Figures of one timed run (seconds, %)."""
+    """Figures of one timed run (seconds, %). ``waits`` (first admission minus arrival, s) and ``gpus`` (GPUs asked)
+    per admitted task; ``moves``: defragmentation moves (evictions with reason Defragmented); ``span_s``: first to
+    last arrival; ``hourly_pct``: GPU allocation per hour of the arrival window (%)."""
 
     mode: str
     delays_s: list[float]
@@ -139,6 +142,11 @@ class TimedResult:
     utilisation_pct: float
     unadmitted: int
     preemptions: int
+    waits: dict[TaskKey, float] = field(default_factory=dict)
+    gpus: dict[TaskKey, int] = field(default_factory=dict)
+    moves: int = 0
+    span_s: float = 0.0
+    hourly_pct: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The JSON figures of the run."""
@@ -164,9 +172,11 @@ def replay_timed(
     speedup: float = 1.0,
     load: int = 1,
     arrived: Callable[[float], None] | None = None,
+    defragmentation: DefragConfig | None = None,
 ) -> TimedResult:
     """Run the trace on its clock through the core; ``mode`` is ``gputask`` or ``fifo``. ``arrived`` is told
-    the share of pods (0..1) that have arrived, as the replay goes (for progress reports)."""
+    the share of pods (0..1) that have arrived, as the replay goes (for progress reports). ``defragmentation``
+    (gputask mode): the scheduler's settings, and every pod opts in (``movable``)."""
     nodes = build_nodes(read_nodes(trace_dir / NODE_LIST))
     total_milli = 1000 * sum(len(n.gpus) for n in nodes)
     pods = read_timed_pods(trace_dir, pods_file, speedup=speedup, load=load)
@@ -191,7 +201,9 @@ def replay_timed(
             for p in pods
         ]
     else:
-        scheduler = Scheduler(policy=make_policy(policy), nodes=nodes)
+        scheduler = Scheduler(policy=make_policy(policy), nodes=nodes, defragmentation=defragmentation)
+        if defragmentation is not None:
+            pods = [replace(p, task=replace(p.task, movable=True)) for p in pods]
         for spec in queues_for(pods, total_milli):
             scheduler.set_queue(spec)
     return _run(scheduler, pods, total_milli, mode, arrived)
@@ -214,15 +226,20 @@ def _run(
     allocated = area = 0.0
     last = pods[0].arrival_s if pods else 0.0
     last_arrival = pods[-1].arrival_s if pods else 0.0
-    preemptions = 0
+    preemptions = moves = 0
     end = last
+    hours: dict[int, float] = {}  # allocated milli-GPU x seconds, per hour of the arrival window
+    wakes: set[float] = set()
     while events:
         now = events[0][0]
         if last < last_arrival:  # utilisation over the arrival window: the busy part of the run
             area += allocated * (min(now, last_arrival) - last)
+            _by_hour(hours, allocated, last - pods[0].arrival_s, min(now, last_arrival) - pods[0].arrival_s)
         last = now
         while events and events[0][0] == now:
             _, _, kind, key, run = heapq.heappop(events)
+            if kind == "wake":
+                continue
             if kind == "arrive":
                 scheduler.submit(by_key[key].task)
                 count += 1
@@ -244,7 +261,10 @@ def _run(
                         events, (now + by_key[d.task.key].duration_s, 1, "finish", d.task.key, runs[d.task.key])
                     )
                 elif isinstance(d, Evict):
-                    preemptions += 1
+                    if d.reason == "Defragmented":
+                        moves += 1
+                    else:
+                        preemptions += 1
                     allocated -= usage.pop(d.task.key, 0)
                     runs[d.task.key] = runs.get(d.task.key, 0) + 1  # its pending finish is stale now
                     if d.held is not None:
@@ -252,12 +272,27 @@ def _run(
                     scheduler.victim_gone(d.task.key)
             if not any(isinstance(d, Admit | Evict) for d in decisions):
                 break
+        wake = scheduler.defrag.wake_at  # a refused move may be allowed by time alone: cycle then
+        if now < wake < float("inf") and wake not in wakes:
+            wakes.add(wake)
+            heapq.heappush(events, (wake, 2, "wake", TaskKey(""), 0))
     first = pods[0].arrival_s if pods else 0.0
     span = max(last_arrival - first, 1e-9)
-    delays = [admitted_at[k] - by_key[k].arrival_s for k in admitted_at]
+    waits = {k: admitted_at[k] - by_key[k].arrival_s for k in admitted_at}
+    hourly = [round(100.0 * hours.get(h, 0.0) / (3600.0 * total_milli), 2) for h in range(math.ceil(span / 3600))]
     return TimedResult(
-        mode, delays, end - first, 100.0 * area / (span * total_milli), len(pods) - len(admitted_at), preemptions
+        mode, list(waits.values()), end - first, 100.0 * area / (span * total_milli), len(pods) - len(admitted_at),
+        preemptions, waits, {k: by_key[k].task.request.count for k in admitted_at}, moves, span, hourly,
     )
+
+
+def _by_hour(hours: dict[int, float], allocated: float, start: float, stop: float) -> None:
+    """Add ``allocated`` x seconds from ``start`` to ``stop`` (s since the first arrival) to each hour it covers."""
+    while start < stop:
+        hour = int(start // 3600)
+        upto = min(stop, (hour + 1) * 3600.0)
+        hours[hour] = hours.get(hour, 0.0) + allocated * (upto - start)
+        start = upto
 
 
 def cli_timed(
