@@ -25,7 +25,7 @@ Shape (YAML)::
     podStartTimeout: 120s           # an admitted task without a running pod this long is evicted (PodsNotStarting)
     apiConcurrency: 64              # API requests in flight at once (the Lease has its own connections)
     queuePositionsTracked: 100      # Pending tasks per queue whose status.queuePosition is kept up to date
-    userJobs:                       # existing batch/v1 Jobs labelled gputask.io/queue-name (README, Running your own Jobs)
+    userJobs:                       # existing Jobs labelled gputask.io/queue-name (README, Running your own Jobs)
       excludeNamespaces: [kube-system]  # labelled Jobs here are left alone
     fairSharing:
       preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]  # Kueue's, tried in order

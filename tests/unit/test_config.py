@@ -55,6 +55,7 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
+        "userJobs": {"excludeNamespaces": ["kube-system"]},
     }
 
 
@@ -104,6 +105,7 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "queuePositionsTracked": 100,
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
+        "userJobs": {"excludeNamespaces": ["kube-system"]},
     }
 
 

@@ -106,4 +106,6 @@ fairSharing:
 memoryBudget:
   action: {{ toYaml $c.memoryBudget.action }}
   toleranceMiB: {{ toYaml $c.memoryBudget.toleranceMiB }}
+userJobs:
+  excludeNamespaces: {{ toJson $c.userJobs.excludeNamespaces }}
 {{- end }}

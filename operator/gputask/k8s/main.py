@@ -10,8 +10,8 @@ import kopf
 import prometheus_client
 
 from gputask.config import Config
-from gputask.k8s.client import KubeClient, load_api_client
 from gputask.k8s import webhook
+from gputask.k8s.client import KubeClient, load_api_client
 from gputask.k8s.handlers import Operator
 
 log = logging.getLogger("gputask")

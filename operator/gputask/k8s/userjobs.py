@@ -49,7 +49,6 @@ from gputask.k8s.jobs import (
 )
 from gputask.k8s.names import API_VERSION, TASK_LABEL, fit_name
 from gputask.k8s.pinning import (
-    CDI_ANNOTATION,
     ENVVAR,
     GPU_RESOURCE,
     MEMORY_BUDGET_ENV,
