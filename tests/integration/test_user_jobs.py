@@ -51,8 +51,9 @@ async def test_a_labelled_job_is_admitted_preempted_restored_and_completed(clust
         assert task["spec"]["workloadRef"] == {"apiVersion": "batch/v1", "kind": "Job", "name": "train"}
         template = job["spec"]["template"]
         assert template["metadata"]["annotations"]["gputask.io/visible-devices"] == "GPU-a10-0"
+        pin = {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
         assert template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-            "nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]
+            "nodeSelectorTerms"] == [{"matchFields": [pin]}]
         assert json.loads(job["metadata"]["annotations"]["gputask.io/placement"])["uuids"] == ["GPU-a10-0"]
 
         # a higher-priority GPUTask preempts it: suspended, its template exactly as written, requeued
