@@ -374,6 +374,12 @@ def run(
     ] = None,
     metrics_bind_address: MetricsAddress = "0.0.0.0",
     verbose: Annotated[bool, typer.Option("--verbose", help="Also log kopf's line per handled event (INFO).")] = False,
+    webhook_listen: Annotated[str | None, typer.Option(
+        help="Serve the admission webhook for Jobs labelled gputask.io/queue-name on HOST:PORT (self-signed "
+        "certificate) and register it by URL; default: no webhook (labelled Jobs are suspended when seen).")] = None,
+    webhook_host: Annotated[str | None, typer.Option(
+        help="The host name or address the API server calls the webhook at (default: the --webhook-listen host).")
+    ] = None,
 ) -> None:
     """Run the operator against a cluster."""
     import asyncio
@@ -387,6 +393,14 @@ def run(
     except ConfigError as exc:
         typer.echo(f"gputask: {exc}", err=True)
         raise typer.Exit(2) from None
+    if webhook_listen is not None:
+        from gputask.k8s.webhook import parse_listen
+
+        try:
+            parse_listen(webhook_listen)
+        except ValueError as exc:
+            typer.echo(f"gputask run: {exc}", err=True)
+            raise typer.Exit(2) from None
     if liveness is not None and not liveness.startswith(("http://", "https://")):
         typer.echo(f"gputask run: --liveness {liveness!r}: give a URL such as http://0.0.0.0:8080/healthz", err=True)
         raise typer.Exit(2)
@@ -398,7 +412,8 @@ def run(
         raise typer.Exit(2) from None
     try:
         asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port,
-                                 metrics_address=metrics_bind_address, verbose=verbose))
+                                 metrics_address=metrics_bind_address, verbose=verbose,
+                                 webhook_listen=webhook_listen, webhook_host=webhook_host))
     except OSError as exc:
         if exc.errno not in BIND_ERRORS:
             raise

@@ -25,6 +25,8 @@ Shape (YAML)::
     podStartTimeout: 120s           # an admitted task without a running pod this long is evicted (PodsNotStarting)
     apiConcurrency: 64              # API requests in flight at once (the Lease has its own connections)
     queuePositionsTracked: 100      # Pending tasks per queue whose status.queuePosition is kept up to date
+    userJobs:                       # existing Jobs labelled gputask.io/queue-name (README, Running your own Jobs)
+      excludeNamespaces: [kube-system]  # labelled Jobs here are left alone
     fairSharing:
       preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]  # Kueue's, tried in order
     defragmentation:                # move opted-in tasks so a task waiting on fragmentation fits (issue 32)
@@ -157,6 +159,14 @@ def cron_window(expression: str) -> Callable[[float], bool]:
     return allowed
 
 
+class UserJobsConfig(BaseModel):
+    """Existing Jobs admitted by gputask (issue 31): the namespaces whose labelled Jobs are left alone."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    exclude_namespaces: tuple[str, ...] = Field(("kube-system",), alias="excludeNamespaces")
+
+
 class Config(BaseModel):
     """Validated operator configuration (durations in seconds)."""
 
@@ -185,6 +195,7 @@ class Config(BaseModel):
     fair_sharing: FairSharingConfig = Field(default_factory=FairSharingConfig, alias="fairSharing")
     memory_budget: MemoryBudgetConfig = Field(default_factory=MemoryBudgetConfig, alias="memoryBudget")
     defragmentation: DefragmentationConfig = Field(default_factory=DefragmentationConfig)
+    user_jobs: UserJobsConfig = Field(default_factory=UserJobsConfig, alias="userJobs")
 
     @model_validator(mode="after")
     def _pinning_fits_queueing(self) -> Config:

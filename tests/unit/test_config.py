@@ -57,6 +57,7 @@ def test_no_file_gives_the_documented_defaults() -> None:
         "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
         "defragmentation": {"mode": "Disabled", "minRuntime": 300.0, "maxMovesPerWindow": 4, "window": 3600.0,
                             "priorityThreshold": 0, "maxMovesPerQueue": None, "schedule": ""},
+        "userJobs": {"excludeNamespaces": ["kube-system"]},
     }
 
 
@@ -108,6 +109,7 @@ def test_durations_accept_suffixes_and_plain_seconds(tmp_path: Path) -> None:
         "memoryBudget": {"action": "Warn", "toleranceMiB": 1024},
         "defragmentation": {"mode": "Disabled", "minRuntime": 300.0, "maxMovesPerWindow": 4, "window": 3600.0,
                             "priorityThreshold": 0, "maxMovesPerQueue": None, "schedule": ""},
+        "userJobs": {"excludeNamespaces": ["kube-system"]},
     }
 
 

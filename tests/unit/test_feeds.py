@@ -227,10 +227,11 @@ async def test_a_kueue_kind_that_is_not_served_is_looked_for_again_and_fed_once_
 
 
 def test_a_namespaced_operator_watches_tasks_jobs_and_their_pods_there_and_every_other_kind_cluster_wide() -> None:
-    """With ``namespace`` set, GPUTasks, our Jobs and their pods are listed and watched in it; every other kind (its
-    GPULocalQueues too) cluster-wide, as the rebuild lists it, so a relisting compares like with like."""
+    """With ``namespace`` set, GPUTasks, our Jobs, the labelled Jobs gputask admits and their pods are listed and
+    watched in it; every other kind (its GPULocalQueues too) cluster-wide, as the rebuild lists it, so a relisting
+    compares like with like."""
     operator = Operator(Config(namespace="ns"), FakeKubeClient())
     assert {kind: informer.namespace for kind, informer in operator.informers.items()} == {
         "priorityclasses": None, "workloadpriorityclasses": None, "namespaces": None, "nodes": None,
         "gpunodes": None, "flavors": None, "queues": None, "localqueues": None, "jobs": "ns", "tasks": "ns",
-        "taskpods": "ns", "foreignpods": None, "kueuelocalqueues": None}
+        "taskpods": "ns", "foreignpods": None, "userjobs": "ns", "kueuelocalqueues": None}

@@ -214,11 +214,14 @@ def test_rebuild_lists_are_granted() -> None:
 def test_operator_writes_only_status_of_its_custom_resources() -> None:
     """The operator never writes a GPUTask's, GPUClusterQueue's or GPULocalQueue's spec (GitOps owns it) nor a
     GPUNode's (the agent owns it): only their status (a GPUNode's Accepted condition), and the queues'
-    metadata.finalizers (the queue-in-use finalizer: a patch of the object is the only way to set it)."""
+    metadata.finalizers (the queue-in-use finalizer: a patch of the object is the only way to set it). It creates
+    one kind of GPUTask, never changing its spec afterwards: the workload object of an existing Job labelled
+    gputask.io/queue-name (issue 31), which the Job owns."""
     writes = {g for g in rbac.grants(rbac.OPERATOR) if g.verb in ("create", "update", "patch", "delete")}
     custom = {(g.resource, g.verb) for g in writes if g.group == "gputask.io"}
     assert custom == {
         ("gputasks/status", "patch"),
+        ("gputasks", "create"),
         ("gputasks/finalizers", "update"),
         ("gpuclusterqueues/status", "patch"),
         ("gpuclusterqueues", "patch"),

@@ -114,4 +114,6 @@ defragmentation:
   priorityThreshold: {{ toYaml $c.defragmentation.priorityThreshold }}
   maxMovesPerQueue: {{ toYaml $c.defragmentation.maxMovesPerQueue }}
   schedule: {{ $c.defragmentation.schedule | quote }}
+userJobs:
+  excludeNamespaces: {{ toJson $c.userJobs.excludeNamespaces }}
 {{- end }}

@@ -254,7 +254,7 @@ class Executor:
         job, name = sent.job, sent.job["metadata"]["name"]
         await self._apply(Creating(record, name))
         try:
-            await self.writer.create(JOBS, job, record.namespace)
+            await workload_of(record).start(self.writer, job, record.namespace)  # created, or an existing Job patched
         except AlreadyExists:
             await self._adopt(record, sent)
             return

@@ -54,6 +54,8 @@ from gputask.k8s.loop import SchedulingLoop
 from gputask.k8s.relabel import labelled, ours
 from gputask.k8s.reports import Report, ReportKind
 from gputask.k8s.tasks import PLACED_PHASES
+from gputask.k8s.userjob_feed import UserJobFeed
+from gputask.k8s.userjobs import QUEUE_NAME_LABEL
 from gputask.k8s.writer import Writer
 from gputask.metrics import OperatorMetrics
 
@@ -77,7 +79,7 @@ REBUILD_ORDER: dict[str, tuple[Resource, str | None]] = {
     "tasks": (GPUTASKS, None),
 }
 # Informers the rebuild does not list: they list first (Kueue's LocalQueues, read by the Kueue support's own refresh).
-UNLISTED = ("kueuelocalqueues",)
+UNLISTED = ("kueuelocalqueues", "userjobs")
 
 
 class Operator:
@@ -153,6 +155,8 @@ class Operator:
                 self, lambda obj, deleted, _: self.kueue.admission.on_workload(obj, deleted=deleted), gated=False,
                 wake="kueue"), optional=True)
         else:  # Kueue's LocalQueues may make it suspend our Jobs (the detector wakes the Kueue support itself)
+            informers["userjobs"] = Informer(client, JOBS, UserJobFeed(self), namespace=namespace,
+                                             labels=QUEUE_NAME_LABEL, name="labelled Jobs")
             informers["kueuelocalqueues"] = kind(LOCALQUEUES, KindFeed(
                 self, lambda obj, deleted, _: self.kueue.on_local_queue(obj, deleted=deleted), gated=False,
                 wake=None), name="Kueue LocalQueues", optional=True)

@@ -10,6 +10,7 @@ import kopf
 import prometheus_client
 
 from gputask.config import Config
+from gputask.k8s import webhook
 from gputask.k8s.client import KubeClient, load_api_client
 from gputask.k8s.handlers import Operator
 
@@ -99,8 +100,13 @@ async def run_operator(
     metrics_port: int | None = None,
     metrics_address: str = "0.0.0.0",
     verbose: bool = False,
+    webhook_listen: str | None = None,
+    webhook_host: str | None = None,
 ) -> None:
     """Run kopf with the operator's registry until ``stop_flag`` is set (or forever).
+
+    ``webhook_listen`` (HOST:PORT) serves the admission webhook for labelled Jobs there and registers it by URL
+    (``https://<webhook_host or HOST>:PORT``, :mod:`gputask.k8s.webhook`); raises ValueError for a bad value.
 
     ``liveness_endpoint`` (e.g. ``http://0.0.0.0:8080/healthz``) is kopf's probe endpoint;
     ``metrics_port`` serves the operator's Prometheus metrics on ``metrics_address`` (default every interface).
@@ -109,10 +115,14 @@ async def run_operator(
     if metrics_port:
         prometheus_client.start_http_server(metrics_port, addr=metrics_address, registry=operator.metrics.registry)
     namespace = operator.config.namespace
+    settings = operator_settings(peering=peering, verbose=verbose)
+    if webhook_listen:
+        webhook.configure(settings, webhook_listen, host=webhook_host)
+        webhook.register(operator.registry, operator.config)
     try:
         await kopf.operator(
             registry=operator.registry,
-            settings=operator_settings(peering=peering, verbose=verbose),
+            settings=settings,
             clusterwide=not namespace,
             namespaces=[namespace] if namespace else (),
             stop_flag=stop_flag,

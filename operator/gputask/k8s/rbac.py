@@ -126,6 +126,9 @@ OPERATOR: tuple[Rule, ...] = (
          "made for this task (its uid); whether a Job that lost its task label still exists"),
     rule(JOBS, "patch", why="put back the gputask.io/task label a Job lost (k8s.relabel), so its GPUs are released "
          "when it ends"),
+    rule(JOBS, "update", why="an existing Job labelled gputask.io/queue-name: suspended when seen unsuspended, its "
+         "placement written in and unsuspended, suspended and its template restored on eviction (k8s.userjobs)"),
+    rule(GPUTASKS, "create", why="the GPUTask that is an existing Job's workload object (k8s.userjob_feed)"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),

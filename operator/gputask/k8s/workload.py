@@ -89,6 +89,12 @@ class Workload(Protocol):
         """Kueue mode: the suspended Job Kueue admits."""
         ...
 
+    async def start(self, api: Any, job: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        """Send ``job`` (from :meth:`job_for`) through the writer ``api``: a GPUTask's Job is created, an existing
+        Job is patched and unsuspended (:class:`~gputask.k8s.userjobs.UserJobWorkload`); raises the API's
+        errors."""
+        ...
+
     def stop_propagation(self, reason: str) -> str:
         """How its Job is deleted when it is evicted for ``reason``."""
         ...
@@ -146,6 +152,11 @@ class GPUTaskWorkload:
         """The suspended Job of Kueue mode (:func:`~gputask.k8s.kueue_api.build_kueue_job`)."""
         return build_kueue_job(self.record.obj, attempt=attempt, queue=queue, pinning=pinning, request=request)
 
+    async def start(self, api: Any, job: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        """Create ``job`` (raises AlreadyExists for a 409, the API's other errors)."""
+        created: dict[str, Any] = await api.create(JOBS, job, namespace)
+        return created
+
     def stop_propagation(self, reason: str) -> str:
         """Foreground for a preemption (its preemptor waits for the pods to go), else Background."""
         return "Foreground" if reason == "Preempted" else "Background"
@@ -179,7 +190,12 @@ def owner_uid(job: Mapping[str, Any]) -> str | None:
 
 
 def workload_of(record: TaskRecord) -> Workload:
-    """The workload a record stands for (a GPUTask: the one implementation today)."""
+    """The workload a record stands for: an existing Job's (:class:`~gputask.k8s.userjobs.UserJobWorkload`) when
+    its GPUTask's ``spec.workloadRef`` names one, else the GPUTask's own."""
+    from gputask.k8s.userjobs import UserJobWorkload, is_user_job_task  # it imports this module's PodSetInfo
+
+    if is_user_job_task(record.obj):
+        return UserJobWorkload(record)
     return GPUTaskWorkload(record)
 
 
