@@ -56,6 +56,10 @@ MAX_CANDIDATES_PER_NODE = 8
 """Movable tasks of one node a plan chooses among (those of least lost work): bounds the search to C(8, 3) trials
 per node."""
 
+REFUSAL_RETRY_S = 60.0
+"""A task whose move a PodDisruptionBudget refused is left out of plans this long (s), then asked again (the
+operator does not watch budgets: a pod of the budget's set may become ready any time)."""
+
 TOP_BLOCKS = 5
 """Nodes named in a ``Fragmented`` message (largest free block first)."""
 
@@ -67,7 +71,9 @@ class DefragConfig:
     ``priority_threshold``: a task may move for a waiting one when its priority minus the waiting task's is at most
     this (0: lower or equal; -1: strictly lower). ``max_moves_per_queue``: the moves of one queue's tasks in the
     window (None: ``max_moves_per_window``, which bounds every queue anyway). ``allowed_at(now)``: the maintenance
-    window (``schedule``), None: any time."""
+    window (``schedule``), None: any time. ``ask_budgets`` (the operator): an Enabled plan is first proposed
+    (:meth:`Defragmenter.take_proposals`) for the adapter to ask the Eviction API whether every PodDisruptionBudget
+    allows its moves, then applied (:meth:`Defragmenter.approved`) or refused (:meth:`Defragmenter.refused`)."""
 
     mode: str = DISABLED
     min_runtime_s: float = 300.0
@@ -76,6 +82,7 @@ class DefragConfig:
     priority_threshold: int = 0
     max_moves_per_queue: int | None = None
     allowed_at: Callable[[float], bool] | None = field(default=None, compare=False)
+    ask_budgets: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -198,6 +205,10 @@ class Defragmenter:
         self.stats = DefragStats()
         self.wake_at = float("inf")
         self._said: dict[TaskKey, tuple[object, ...]] = {}  # the last plan reported per waiting task
+        self.asking: dict[TaskKey, DefragPlan] = {}  # proposed plans (ask_budgets) by waiting task, not yet answered
+        self.proposals: list[DefragPlan] = []  # proposed and not yet taken by the adapter
+        self.dry_runs: list[DefragPlan] = []  # plans reported (DryRun) and not yet taken by the adapter (its Events)
+        self.refusals: dict[TaskKey, tuple[float, str]] = {}  # moved task -> (until s, why a budget refused its move)
 
     @property
     def enabled(self) -> bool:
@@ -236,6 +247,12 @@ class Defragmenter:
         if now - entry.admitted_at < self.config.min_runtime_s:
             self._wake(entry.admitted_at + self.config.min_runtime_s)
             return "runs for less than minRuntime"
+        refusal = self.refusals.get(task.key)
+        if refusal is not None:
+            if refusal[0] > now:
+                self._wake(refusal[0])
+                return f"refused by a disruption budget ({refusal[1]})"
+            del self.refusals[task.key]
         return None
 
     # -- planning -------------------------------------------------------------------------------------
@@ -368,7 +385,7 @@ class Defragmenter:
         it: a later task alike fails too). None, instead of acting, when ``probing`` and the plan would change
         state (the cycle then walks); [] when no plan holds or it is only reported (DryRun)."""
         attempt = ((task.queue, task.fit_key), task.priority)
-        if attempt in failed:
+        if attempt in failed or task.key in self.asking:
             return []
         plan, _ = self.plan(task, cache, policy, now, count=True)
         if plan is None:
@@ -386,9 +403,54 @@ class Defragmenter:
                 self._said[plan.task.key] = said
                 self.stats.dry_runs += 1
                 self._report(DefragReport(plan, False, now))
+                self.dry_runs = [*self.dry_runs[-99:], plan]
             return []
         if not plan_holds(plan, cache):
             return []
+        if self.config.ask_budgets and plan.moves:  # the adapter asks the budgets first (approved, refused)
+            self.asking[plan.task.key] = plan
+            self.proposals.append(plan)
+            return []
+        return self._apply(plan, cache, queues, moves, now)
+
+    def take_proposals(self) -> list[DefragPlan]:
+        """The plans proposed since the last call (``ask_budgets``), cleared; each stays asked (its waiting task
+        plans nothing else) until :meth:`approved`, :meth:`refused` or :meth:`cancel` answers it."""
+        out, self.proposals = self.proposals, []
+        return out
+
+    def take_dry_runs(self) -> list[DefragPlan]:
+        """The plans reported in DryRun since the last call (the latest 100), cleared: the adapter's Events."""
+        out, self.dry_runs = self.dry_runs, []
+        return out
+
+    def approved(
+        self, plan: DefragPlan, cache: Cache, queues: Queues, moves: Transitions, now: float
+    ) -> list[Decision]:
+        """Every budget allowed ``plan``'s moves (the moved pods are being evicted): apply it as :meth:`act` does
+        when it still holds (:func:`plan_holds`); [] when it no longer does or was not asked."""
+        if self.asking.get(plan.task.key) != plan:
+            return []
+        del self.asking[plan.task.key]
+        if self.config.mode != ENABLED or not plan_holds(plan, cache):
+            return []
+        return self._apply(plan, cache, queues, moves, now)
+
+    def refused(self, plan: DefragPlan, task: TaskKey, why: str, now: float) -> None:
+        """A PodDisruptionBudget refused the move of ``task`` in ``plan`` (``why`` names it): nothing of the plan is
+        done, it counts as a plan refused by budgets, and ``task`` is left out of plans for
+        :data:`REFUSAL_RETRY_S` (the next cycle tries another plan, or the waiting task waits saying why)."""
+        self.cancel(plan)
+        self.stats.refused_by_budget += 1
+        self.refusals[task] = (now + REFUSAL_RETRY_S, why)
+        self._wake(now + REFUSAL_RETRY_S)
+
+    def cancel(self, plan: DefragPlan) -> None:
+        """Forget asked ``plan`` without counting it (an API error: the next cycle plans again)."""
+        if self.asking.get(plan.task.key) == plan:
+            del self.asking[plan.task.key]
+
+    def _apply(self, plan: DefragPlan, cache: Cache, queues: Queues, moves: Transitions, now: float) -> list[Decision]:
         entries = [cache.ledger.get(m.task.key) for m in plan.moves]
         for move in plan.moves:
             moves.requeue(move.task.key)

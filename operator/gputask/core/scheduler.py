@@ -227,6 +227,10 @@ class Scheduler:
         whatever the mode; changes nothing (planned on snapshots)."""
         return self.defrag.plan(task, self.cache, self.policy, now)
 
+    def defrag_approved(self, plan: DefragPlan, now: float) -> list[Decision]:
+        """Every PodDisruptionBudget allowed proposed ``plan``: apply it (:meth:`Defragmenter.approved`)."""
+        return self.defrag.approved(plan, self.cache, self.queues, self.moves, now)
+
     def defrag_lines(self, task: Task, now: float) -> tuple[str, ...]:
         """What ``gputask explain`` says of defragmentation for ``task`` at ``now`` (:meth:`Defragmenter.explain`)."""
         return self.defrag.explain(task, self.cache, self.policy, now)

@@ -31,7 +31,7 @@ from typing import Any
 from gputask.config import Config
 from gputask.core import InvalidTaskError, Scheduler, Task, TaskKey, make_policy, task_key
 from gputask.core.budget import MemoryBudget
-from gputask.core.defrag import DRY_RUN, ENABLED, DefragConfig
+from gputask.core.defrag import DefragConfig
 from gputask.k8s import records
 from gputask.k8s.foreign import ForeignPods
 from gputask.k8s.inventory import Inventory
@@ -62,14 +62,10 @@ log = logging.getLogger("gputask.controller")
 
 
 def operator_defragmentation(config: Config) -> DefragConfig:
-    """The core's defragmentation settings in the operator: ``Enabled`` runs as ``DryRun`` (plans reported, nothing
-    moved) until moves go through the Eviction API, so that no PodDisruptionBudget is ever broken (issue 32)."""
-    core = config.defragmentation.core()
-    if core.mode != ENABLED:
-        return core
-    log.warning("defragmentation mode Enabled runs as DryRun in the operator: moves through the Eviction API "
-                "(PodDisruptionBudgets) are not built yet")
-    return replace(core, mode=DRY_RUN)
+    """The core's defragmentation settings in the operator: an Enabled plan is proposed first, and applied only once
+    the Eviction API has evicted every moved pod within its PodDisruptionBudgets (:mod:`gputask.k8s.evictions`,
+    issue 32)."""
+    return replace(config.defragmentation.core(), ask_budgets=True)
 
 
 class Controller:

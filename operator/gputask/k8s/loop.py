@@ -20,6 +20,7 @@ import time
 from gputask.core import Pending
 from gputask.k8s.background import Background
 from gputask.k8s.controller import Controller
+from gputask.k8s.evictions import DefragMoves
 from gputask.k8s.executor import Executor
 
 log = logging.getLogger("gputask.loop")
@@ -39,6 +40,7 @@ class SchedulingLoop:
         self.cycles = 0
         self._metrics_at = float("-inf")
         self._running = asyncio.Lock()
+        self.defrag_moves = DefragMoves(executor)  # proposed defragmentation plans, through the Eviction API
         self._background = Background("scheduling-loop", self.run_once, lambda: self.controller.config.cycle_interval_s)
 
     def wake(self) -> None:
@@ -74,6 +76,8 @@ class SchedulingLoop:
                 await executor.apply(decisions)
                 if any(not isinstance(d, Pending) for d in decisions):
                     self.wake()  # evictions requeue work and free capacity: look again soon
+            if await self.defrag_moves.run():
+                self.wake()  # a plan applied (its moves to admit) or refused (another plan to try)
             await executor.publish(controller.take_reports())
             await executor.retry_deletions()
             await executor.confirm_creates()

@@ -129,6 +129,8 @@ OPERATOR: tuple[Rule, ...] = (
     rule(JOBS, "update", why="an existing Job labelled gputask.io/queue-name: suspended when seen unsuspended, its "
          "placement written in and unsuspended, suspended and its template restored on eviction (k8s.userjobs)"),
     rule(GPUTASKS, "create", why="the GPUTask that is an existing Job's workload object (k8s.userjob_feed)"),
+    rule(PODS, "create", sub="eviction", why="defragmentation moves a task through the Eviction API (dry-run first, "
+         "then for real) so that no PodDisruptionBudget is broken (k8s.evictions)"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),

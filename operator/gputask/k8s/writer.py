@@ -18,6 +18,12 @@ from gputask.k8s.timestamps import now_rfc3339 as now_rfc3339  # re-exported: it
 from gputask.metrics import OperatorMetrics
 
 COMPONENT = "gputask-operator"
+
+
+def eviction_of(pod: str) -> Resource:
+    """The eviction subresource of ``pod``, as a resource one POSTs to (``/api/v1/namespaces/NS/pods/POD/eviction``);
+    RBAC: ``pods/eviction`` create (:mod:`gputask.k8s.rbac`)."""
+    return Resource("", "v1", f"pods/{pod}/eviction")
 EVENT_MESSAGE_LIMIT = 1024
 
 
@@ -84,6 +90,17 @@ class Writer:
         except ApiError as exc:
             self.failed(exc)
             raise
+
+    async def evict(self, pod: str, namespace: str, *, dry_run: bool = False) -> None:
+        """Ask the Eviction API to evict ``pod`` (POST pods/{name}/eviction, a policy/v1 Eviction), with
+        ``dry_run`` only asked (``deleteOptions.dryRun: [All]``: every check made, the budget included, nothing
+        deleted). Raises ApiError: 429 TooManyRequests when a PodDisruptionBudget refuses it (its ``causes`` name
+        the budget), NotFound when the pod is gone."""
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": pod, "namespace": namespace}}
+        if dry_run:
+            body["deleteOptions"] = {"dryRun": ["All"]}
+        await self.create(eviction_of(pod), body, namespace)
 
     async def event(self, involved: Mapping[str, Any], etype: str, reason: str, message: str) -> bool:
         """Post a core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid); False when it failed.

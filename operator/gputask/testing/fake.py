@@ -32,6 +32,7 @@ from gputask.k8s.client import (
     Fenced,
     Guard,
     Listed,
+    PODS,
     NotFound,
     Resource,
     Unanswered,
@@ -216,6 +217,12 @@ class FakeKubeClient:
         """POST a new object (status dropped when the kind has a status subresource)."""
         name = (body.get("metadata") or {}).get("name")
         lost = self._enter("create", res, name, guard)
+        if res.plural.startswith("pods/") and res.plural.endswith("/eviction"):  # the Eviction API (no budgets here:
+            with self._answer_lost(lost):  # a test refuses with fail("create", "pods/NAME/eviction", status=429))
+                self._live(PODS, namespace, res.plural.split("/")[1])
+                if "All" not in ((body.get("deleteOptions") or {}).get("dryRun") or ()):
+                    self._delete(PODS, res.plural.split("/")[1], namespace)
+                return {"kind": "Status", "status": "Success"}
         with self._answer_lost(lost):
             return copy.deepcopy(self._store(res, copy.deepcopy(dict(body)), namespace, keep_status=False))
 
