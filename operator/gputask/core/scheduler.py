@@ -231,6 +231,12 @@ class Scheduler:
         """Every PodDisruptionBudget allowed proposed ``plan``: apply it (:meth:`Defragmenter.approved`)."""
         return self.defrag.approved(plan, self.cache, self.queues, self.moves, now)
 
+    def defrag_refused(self, plan: DefragPlan, task: TaskKey, why: str, now: float) -> None:
+        """A PodDisruptionBudget refused the move of ``task`` in proposed ``plan`` (:meth:`Defragmenter.refused`);
+        the next cycle looks again (another plan may hold) even if nothing else changed."""
+        self.defrag.refused(plan, task, why, now)
+        self._deadline = now
+
     def defrag_lines(self, task: Task, now: float) -> tuple[str, ...]:
         """What ``gputask explain`` says of defragmentation for ``task`` at ``now`` (:meth:`Defragmenter.explain`)."""
         return self.defrag.explain(task, self.cache, self.policy, now)

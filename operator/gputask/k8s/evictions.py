@@ -95,7 +95,7 @@ class DefragMoves:
                     await self._evict(key, namespace, name, dry_run)
         except Refused as refused:
             async with self.gate:
-                scheduler.defrag.refused(plan, refused.task, refused.why, time.time())
+                scheduler.defrag_refused(plan, refused.task, refused.why, time.time())
             log.info("defragmentation for %s refused by a disruption budget: %s", plan.task.key, refused.why)
             await self._note(plan, "Warning", REFUSED, f"the move of {refused.task} was refused by a "
                              f"PodDisruptionBudget ({refused.why}): nothing moved; another plan is tried, or it waits")

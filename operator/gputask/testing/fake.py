@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputask.k8s.client import (
+    PODS,
     WATCH_TIMEOUT_S,
     AlreadyExists,
     ApiError,
@@ -32,7 +33,6 @@ from gputask.k8s.client import (
     Fenced,
     Guard,
     Listed,
-    PODS,
     NotFound,
     Resource,
     Unanswered,
