@@ -168,7 +168,7 @@ class Controller:
             if disruption is not None:
                 self.scheduler.evict(record.key, *disruption, failure=True)
                 return job
-            live = self._gang_ended(record, job) if job.gang else []
+            live = gang_end(self, record, job) if job.gang else []
             if live is None:
                 return job  # a gang succeeds when every Job of it has
             self.scheduler.finish(record.key)
@@ -176,27 +176,6 @@ class Controller:
                 self.hold(other)  # its pods run until it is gone
             self.outbox.append(Report(ReportKind.FINISHED, record, job.outcome))
         return job
-
-    def _gang_ended(self, record: TaskRecord, job: JobRecord) -> list[JobRecord] | None:
-        """A Job of a gang ended: None while that does not end the gang (it succeeded, others run on), else the
-        gang's other Jobs still live: a failure stops them (reported), each holding its GPUs until it is gone."""
-        gang = [j for j in self.jobs_of_task.get(record.uid, {}).values() if j.lead == job.lead]
-        if job.outcome == SUCCEEDED:
-            done = len(gang) >= job.gang_jobs and all(j.outcome == SUCCEEDED for j in gang)
-            return [] if done else None
-        live = [other for other in gang if other.outcome is None]
-        for other in live:
-            if not other.terminating:
-                self.outbox.append(Report(ReportKind.GANG_ENDED, record, other.key))
-        return live
-
-    def departing_gang(self, jobs: Iterable[JobRecord], held: TaskKey | None) -> None:
-        """An evicted gang's Jobs go away: the core's hold of the whole gang (``held``) becomes one hold per Job, of its
-        own pods' GPUs, each lasting until that Job is gone (:meth:`hold`)."""
-        if held is not None:
-            self.scheduler.finish(held)
-        for job in jobs:
-            self.hold(job)
 
     def _unseen_end(self, record: TaskRecord, job: JobRecord) -> bool:
         """True when ``job`` finished as an attempt of a waiting task newer than any it recorded: a create whose
@@ -258,9 +237,17 @@ class Controller:
         return (record is not None and record.job_name == job.lead and record.phase in PLACED_PHASES
                 and job.outcome is None)
 
-    def departing(self, job: JobRecord | None, held: TaskKey | None) -> None:
+    def departing(self, job: JobRecord | None, held: TaskKey | None, gang: Iterable[JobRecord] = ()) -> None:
         """An evicted task's Job goes away: the core's hold of its GPUs (``held``) lasts until the Job is
-        gone; with no Job to wait for, it ends now."""
+        gone; with no Job to wait for, it ends now. An evicted gang's Jobs (``gang``): the hold of the whole gang
+        becomes one hold per Job, of its own pods' GPUs, each lasting until that Job is gone (:meth:`hold`)."""
+        gang = list(gang)
+        if gang:
+            if held is not None:
+                self.scheduler.finish(held)
+            for each in gang:
+                self.hold(each)
+            return
         if held is None:
             return
         if job is None or job.key in self.held:
@@ -288,6 +275,7 @@ class Controller:
             self.scheduler.finish(held)
         self.disrupted.pop(job.key, None)
         self.pods.early_starts.pop(job.key, None)
+        self.pods.gang_started.pop(f"{job.namespace}/{job.lead}", None)
         record = self.by_uid.get(job.task_uid)
         if record is None:
             return
@@ -391,6 +379,20 @@ class Controller:
         self.records.forget(record)
 
     # -- restart ------------------------------------------------------------------------------------
+
+def gang_end(ctl: Controller, record: TaskRecord, job: JobRecord) -> list[JobRecord] | None:
+    """A Job of a gang ended: None while that does not end the gang (it succeeded, others run on), else the
+    gang's other Jobs still live: a failure stops them (reported), each holding its GPUs until it is gone."""
+    gang = [j for j in ctl.jobs_of_task.get(record.uid, {}).values() if j.lead == job.lead]
+    if job.outcome == SUCCEEDED:
+        done = len(gang) >= job.gang_jobs and all(j.outcome == SUCCEEDED for j in gang)
+        return [] if done else None
+    live = [other for other in gang if other.outcome is None]
+    for other in live:
+        if not other.terminating:
+            ctl.outbox.append(Report(ReportKind.GANG_ENDED, record, other.key))
+    return live
+
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

@@ -282,7 +282,7 @@ class Executor:
             await self._apply(Rejected(record, why, settled=True))
             return
         await self._apply(Created(record, sent.decision, sent.decision.placement, name, sent.attempt))
-        self.gangs.admitted(record)
+        self.gangs.sent_whole(record)
 
     async def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
         """Keep the booking of a create whose outcome is unknown; look the Job up after the next backoff step."""
@@ -339,7 +339,7 @@ class Executor:
                 await self._unconfirmed(record, sent)
                 return
         await self._apply(Adopted(record, sent, job))
-        self.gangs.admitted(record)
+        self.gangs.sent_whole(record)
 
     # -- pods that never start -------------------------------------------------------------------------
     async def start_problem(self, record: TaskRecord) -> str:

@@ -55,13 +55,15 @@ class GangWrites:
         try:
             if service is not None:
                 what = f"Service {service['metadata']['name']}"
-                await self._create(SERVICES, service, record.namespace)
+                with contextlib.suppress(AlreadyExists):  # the Service of every attempt
+                    await self.writer.create(SERVICES, service, record.namespace)
             for job in others:
                 what = f"Job {job['metadata']['name']}"
                 made = job_record(job)
                 if made is not None:
                     sent.append(made)  # sent: it may exist even when the answer is lost
-                await self._create(JOBS, job, record.namespace)
+                with contextlib.suppress(AlreadyExists):  # this attempt's, sent before (its name has the attempt)
+                    await self.writer.create(JOBS, job, record.namespace)
         except Fenced:
             await self.abandon(record)
             await self._apply(outcomes.Fenced(record))
@@ -73,12 +75,7 @@ class GangWrites:
             return False
         return True
 
-    async def _create(self, res: Any, body: Mapping[str, Any], namespace: str) -> None:
-        # a 409: the Service of every attempt; a Job of this attempt sent before (its name carries the attempt)
-        with contextlib.suppress(AlreadyExists):
-            await self.writer.create(res, body, namespace)
-
-    def admitted(self, record: TaskRecord) -> None:
+    def sent_whole(self, record: TaskRecord) -> None:
         """The lead Job exists: the gang's other Jobs are its task's now (stopped with it)."""
         self.sent.pop(record.key, None)
 

@@ -356,10 +356,8 @@ class Outcomes:
             return Steps([])
         job = self._current_job(record)
         gang = self._gang(record, job) if job is not None else []
-        if len(gang) > 1:  # each Job of the gang holds its own pods' GPUs until it is gone
-            self.controller.departing_gang(gang, decision.held)
-        else:
-            self.controller.departing(job, decision.held)  # its pods keep their GPUs until the Job is gone
+        # its pods keep their GPUs until the Job is gone; each Job of a gang its own pods' GPUs
+        self.controller.departing(job, decision.held, gang if len(gang) > 1 else ())
         self.metrics.evictions.labels(decision.reason).inc()
         if decision.reason == "Preempted":
             self.metrics.preemptions.labels(decision.task.queue).inc()

@@ -43,6 +43,7 @@ from gputask.k8s.client import (
     RESOURCECLAIMS,
     RESOURCECLAIMTEMPLATES,
     RUNTIMECLASSES,
+    SERVICES,
     WORKLOADPRIORITYCLASSES,
     WORKLOADS,
     Resource,
@@ -126,6 +127,8 @@ OPERATOR: tuple[Rule, ...] = (
          "made for this task (its uid); whether a Job that lost its task label still exists"),
     rule(JOBS, "patch", why="put back the gputask.io/task label a Job lost (k8s.relabel), so its GPUs are released "
          "when it ends"),
+    rule(SERVICES, "create", why="gangs: the headless Service that gives a gang's pods stable hostnames"),
+    rule(PODS, "patch", why="gangs: pin a gated pod to its node and GPUs and remove its scheduling gate"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),
