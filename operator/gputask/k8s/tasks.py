@@ -64,6 +64,9 @@ def placement_status(placement: Placement | None) -> dict[str, Any] | None:
     """The ``status.placement`` object of a GPUTask's placement (one pod)."""
     if placement is None:
         return None
+    if len(placement.pods) != 1:  # a gang (status.placement.pods is the gang API's; this keeps the status whole)
+        return {"pods": [{"node": p.node, "gpus": [{"index": g.index, "uuid": g.uuid, "memory": g.memory_mib}
+                                                  for g in p.gpus]} for p in placement.pods]}
     pod = placement.only()
     return {
         "node": pod.node,
@@ -92,7 +95,11 @@ def memory_text(record: TaskRecord) -> str | None:
 
 
 def describe(placement: Placement) -> str:
-    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary of a GPUTask's placement (one pod)."""
+    """``node-a GPUs [0, 1] (12288 MiB each)``-style summary of a GPUTask's placement (one pod); ``8 pods on 2
+    nodes (node-a, node-b)`` for several."""
+    if len(placement.pods) != 1:
+        nodes = placement.nodes
+        return f"{len(placement.pods)} pods on {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(nodes)})"
     pod = placement.only()
     mib = sorted({g.memory_mib for g in pod.gpus})
     each = f"{mib[0]} MiB each" if len(mib) == 1 else f"{mib} MiB"
