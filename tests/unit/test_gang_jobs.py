@@ -33,7 +33,8 @@ def gpu(node: str, index: int) -> dict[str, Any]:
 
 
 def gang_parts(monkeypatch: pytest.MonkeyPatch, config: Config | None = None) -> Parts:
-    """Parts (node-a: one GPU) with node-b and node-c of 2 GPUs each, and podSets converted into core PodSets of whole GPUs."""
+    """Parts (node-a: one GPU) with node-b and node-c of 2 GPUs each, and podSets converted into core PodSets of
+    whole GPUs."""
     parts = Parts(config)
     now, inventory = time.time(), parts.controller.inventory
     for node in ("node-b", "node-c"):
