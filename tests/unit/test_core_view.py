@@ -51,8 +51,8 @@ def test_the_protocol_lists_what_reports_read() -> None:
     """The members of the protocol are the reads listed in ARCHITECTURE.md's view row (a member added or dropped
     shows here)."""
     assert MEMBERS == ("cluster", "filters", "gate", "largest_gpu_mib", "ledger", "never_admits", "nominated",
-                       "parked_by_queue", "pending", "place", "preemption_plan", "quotas", "reasons", "running", "try_place",
-                       "variants", "waiting_by_filter", "waiting_by_reason")
+                       "parked_by_queue", "pending", "place", "preemption_plan", "quotas", "reasons", "running",
+                       "try_place", "variants", "waiting_by_filter", "waiting_by_reason")
 
 
 def test_reports_over_only_the_protocol_say_what_they_say_over_the_scheduler() -> None:
