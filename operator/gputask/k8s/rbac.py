@@ -43,6 +43,7 @@ from gputask.k8s.client import (
     RESOURCECLAIMS,
     RESOURCECLAIMTEMPLATES,
     RUNTIMECLASSES,
+    SERVICES,
     WORKLOADPRIORITYCLASSES,
     WORKLOADS,
     Resource,
@@ -129,6 +130,8 @@ OPERATOR: tuple[Rule, ...] = (
     rule(JOBS, "update", why="an existing Job labelled gputask.io/queue-name: suspended when seen unsuspended, its "
          "placement written in and unsuspended, suspended and its template restored on eviction (k8s.userjobs)"),
     rule(GPUTASKS, "create", why="the GPUTask that is an existing Job's workload object (k8s.userjob_feed)"),
+    rule(SERVICES, "create", why="gangs: the headless Service that gives a gang's pods stable hostnames"),
+    rule(PODS, "patch", why="gangs: pin a gated pod to its node and GPUs and remove its scheduling gate"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),
