@@ -649,6 +649,51 @@ async def test_a_claims_spec_is_immutable(server: EmulatorServer, api: aiohttp.C
     assert spec_change[1]["message"].endswith(": field is immutable")
 
 
+
+async def test_a_gated_pod_accepts_the_pin_patch_and_refuses_what_the_api_server_refuses(
+        api: aiohttp.ClientSession) -> None:
+    """A merge patch that adds matchFields to a gated pod's required node affinity (or node affinity to a pod with
+    none) and removes its scheduling gate is accepted, as kube-apiserver v1.27+ accepts it; adding a gate, changing
+    an existing affinity term, changing the affinity of an ungated pod or another spec field is 422."""
+    path = "/api/v1/namespaces/default/pods"
+    container = {"name": "main", "image": "busybox"}
+    term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    gates = [{"name": "gputask.io/placement"}]
+    await make(api, path, "termed", spec={"containers": [container], "schedulingGates": gates, "affinity": affinity})
+    await make(api, path, "bare", spec={"containers": [container], "schedulingGates": gates})
+    await make(api, path, "free", spec={"containers": [container]})
+    pin = {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
+    pinned_term = {**term, "matchFields": [pin]}
+
+    def node_affinity(*terms: Any) -> dict[str, Any]:
+        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [*terms]}}}
+
+    def patch(**spec: Any) -> dict[str, Any]:
+        return {"metadata": {"annotations": {"gputask.io/devices": "GPU-0"}}, "spec": spec}
+
+    answers = {}
+    for name, body in (
+            ("termed", patch(affinity=node_affinity(pinned_term), schedulingGates=None)),
+            ("bare", patch(affinity=node_affinity({"matchFields": [pin]}), schedulingGates=None)),
+            ("free", patch(affinity=node_affinity({"matchFields": [pin]}))),
+            ("free", patch(schedulingGates=gates)),
+            ("free", patch(hostname="other")),
+            ("free", patch(containers=[{**container, "image": "busybox:2"}]))):
+        status, answer = await call(api, "PATCH", f"{path}/{name}", body, headers=MERGE)
+        answers.setdefault(name, []).append((status, answer.get("message", "")[len(f'Pod "{name}" is invalid: '):]))
+    _, termed = await call(api, "GET", f"{path}/termed")
+    status, changed = await call(api, "PATCH", f"{path}/termed", patch(affinity=node_affinity({"matchFields": [pin]})),
+                                 headers=MERGE)
+    assert (termed["spec"].get("schedulingGates"), termed["spec"]["affinity"], status) == (
+        None, node_affinity(pinned_term), 422)
+    assert "spec: Forbidden: pod updates may not change fields other than" in changed["message"]
+    assert answers["termed"] == [(200, "")] and answers["bare"] == [(200, "")]
+    assert [(s, m.split(":")[0:2]) for s, m in answers["free"]] == [
+        (422, ["spec", " Forbidden"]), (422, ["spec.schedulingGates", " Forbidden"]), (422, ["spec", " Forbidden"]),
+        (200, [""])]
+    assert "found new scheduling gate 'gputask.io/placement'" in answers["free"][1][1]
+
 TYPO_TASK = {
     "apiVersion": "gputask.io/v1alpha1",
     "kind": "GPUTask",

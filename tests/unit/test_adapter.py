@@ -673,21 +673,26 @@ def test_quota_reserved_again_resets_evicted_and_requeued_once() -> None:
     })
 
 
-async def test_a_task_of_pod_sets_is_refused_until_the_operator_runs_gangs() -> None:
-    """A GPUTask with spec.podSets goes Failed/InvalidSpec saying gangs are not run yet, and no Job is created
-    (until the operator builds a gang's Indexed Jobs); a bad PodSet is reported as such first."""
+async def test_a_task_of_pod_sets_is_admitted_as_its_indexed_jobs() -> None:
+    """A GPUTask of spec.podSets (two pods sharing node-a's GPU) is admitted and gets the Indexed Job of its PodSet;
+    a bad PodSet, and a PodSet without the template its Job is made of, go Failed/InvalidSpec with no Job."""
     parts = Parts()
     template = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
-    for name, pod_sets in (("gang", [{"name": "workers", "count": 2, "template": template}]),
-                           ("bad", [{"name": "workers", "count": 0, "template": template}])):
+    for name, pod_sets in (("gang", [{"name": "workers", "count": 2, "gpuMemory": "8Gi", "template": template}]),
+                           ("bad", [{"name": "workers", "count": 0, "template": template}]),
+                           ("bare", [{"name": "workers", "count": 2, "gpuMemory": "8Gi"}])):
         body = {"apiVersion": "gputask.io/v1alpha1", "kind": "GPUTask", "metadata": {"name": name, "namespace": "ns"},
                 "spec": {"queueName": "q", "podSets": pod_sets}}
         parts.controller.on_task(parts.client.put(GPUTASKS, body, "ns"))
     await parts.loop.run_once()
-    found = {n: (parts.status(n)["phase"], parts.status(n)["message"]) for n in ("gang", "bad")}
-    assert (found, parts.client.all(JOBS)) == ({
-        "gang": ("Failed", "spec.podSets: Forbidden: tasks of podSets (gangs) are not run by this operator version "
-                           "yet; give one pod with gpus, gpuMemory or gpuFraction, gpuProducts and template"),
+    found = {n: (parts.status(n)["phase"], parts.status(n).get("message")) for n in ("bad", "bare")}
+    assert found == {
         "bad": ("Failed", "spec.podSets[0].count: Invalid value: 0: spec.podSets[0].count in body should be greater "
                           "than or equal to 1"),
-    }, [])
+        "bare": ("Failed", "spec.podSets[0].template: Required value: the PodSet's pods run as an Indexed Job of it"),
+    }
+    (job,) = parts.client.all(JOBS)
+    assert (parts.status("gang")["phase"], parts.status("gang")["jobName"]) == ("Admitted", "gang-1-workers")
+    assert (job["metadata"]["name"], job["spec"]["completionMode"], job["spec"]["completions"],
+            job["spec"]["parallelism"]) == ("gang-1-workers", "Indexed", 2, 2)
+    assert [p["node"] for p in parts.status("gang")["placement"]["pods"]] == ["node-a", "node-a"]

@@ -164,8 +164,8 @@ class Controller:
             return None
         self._remember(job)
         record = self.by_uid.get(job.task_uid)
-        current = record is not None and record.job_name == job.name and record.phase in PLACED_PHASES
-        creating = record is not None and record.creating == job.name  # the booking of its admission covers it
+        current = record is not None and record.job_name == job.lead and record.phase in PLACED_PHASES
+        creating = record is not None and record.creating == job.lead  # the booking of its admission covers it
         if not current and not creating and (job.terminating or self.config.queueing != "kueue"):
             self.hold(job)  # Kueue mode: Kueue books the GPUs of a suspended Job; gputask holds only departing ones
             if record is not None and self._unseen_end(record, job):
@@ -178,7 +178,12 @@ class Controller:
             if disruption is not None:
                 self.scheduler.evict(record.key, *disruption, failure=True)
                 return job
+            live = gang_end(self, record, job) if job.gang else []
+            if live is None:
+                return job  # a gang succeeds when every Job of it has
             self.scheduler.finish(record.key)
+            for other in live:
+                self.hold(other)  # its pods run until it is gone
             self.outbox.append(Report(ReportKind.FINISHED, record, job.outcome))
         return job
 
@@ -239,12 +244,20 @@ class Controller:
         if job_key in self.held:
             return True
         record = self.by_uid.get(job.task_uid)
-        return (record is not None and record.job_name == job.name and record.phase in PLACED_PHASES
+        return (record is not None and record.job_name == job.lead and record.phase in PLACED_PHASES
                 and job.outcome is None)
 
-    def departing(self, job: JobRecord | None, held: TaskKey | None) -> None:
+    def departing(self, job: JobRecord | None, held: TaskKey | None, gang: Iterable[JobRecord] = ()) -> None:
         """An evicted task's Job goes away: the core's hold of its GPUs (``held``) lasts until the Job is
-        gone; with no Job to wait for, it ends now."""
+        gone; with no Job to wait for, it ends now. An evicted gang's Jobs (``gang``): the hold of the whole gang
+        becomes one hold per Job, of its own pods' GPUs, each lasting until that Job is gone (:meth:`hold`)."""
+        gang = list(gang)
+        if gang:
+            if held is not None:
+                self.scheduler.finish(held)
+            for each in gang:
+                self.hold(each)
+            return
         if held is None:
             return
         if job is None or job.key in self.held:
@@ -272,11 +285,12 @@ class Controller:
             self.scheduler.finish(held)
         self.disrupted.pop(job.key, None)
         self.pods.early_starts.pop(job.key, None)
+        self.pods.gang_started.pop(f"{job.namespace}/{job.lead}", None)
         record = self.by_uid.get(job.task_uid)
         if record is None:
             return
         self.scheduler.victim_gone(record.key)
-        if record.job_name == job.name and record.phase in PLACED_PHASES and job.outcome is None:
+        if record.job_name == job.lead and record.phase in PLACED_PHASES and job.outcome is None:
             message = f"Job {job.name} was deleted while the task ran; requeued"
             self.scheduler.evict(record.key, JOB_DELETED, message)
 
@@ -360,9 +374,11 @@ class Controller:
             return None
         records.deleting(record)
         job = self.job_of(record)
-        if job is not None and job.outcome is None and (record.phase in PLACED_PHASES or record.creating == job.name):
+        if job is not None and job.outcome is None and (record.phase in PLACED_PHASES or record.creating == job.lead):
             self.scheduler.finish(key)
-            self.hold(job)  # the Job's pods still run until it is gone
+            for each in self.jobs_of_task.get(record.uid, {}).values():  # a gang's every Job; a lone Job itself
+                if each.lead == job.lead:
+                    self.hold(each)  # the Job's pods still run until it is gone
         self._forget(record)
         return record
 
@@ -373,6 +389,20 @@ class Controller:
         self.records.forget(record)
 
     # -- restart ------------------------------------------------------------------------------------
+
+def gang_end(ctl: Controller, record: TaskRecord, job: JobRecord) -> list[JobRecord] | None:
+    """A Job of a gang ended: None while that does not end the gang (it succeeded, others run on), else the
+    gang's other Jobs still live: a failure stops them (reported), each holding its GPUs until it is gone."""
+    gang = [j for j in ctl.jobs_of_task.get(record.uid, {}).values() if j.lead == job.lead]
+    if job.outcome == SUCCEEDED:
+        done = len(gang) >= job.gang_jobs and all(j.outcome == SUCCEEDED for j in gang)
+        return [] if done else None
+    live = [other for other in gang if other.outcome is None]
+    for other in live:
+        if not other.terminating:
+            ctl.outbox.append(Report(ReportKind.GANG_ENDED, record, other.key))
+    return live
+
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

@@ -49,6 +49,7 @@ from gputask.k8s.client import (
     doubling_backoff_s,
 )
 from gputask.k8s.controller import Controller
+from gputask.k8s.gangwrites import GangWrites
 from gputask.k8s.jobrecords import JobRecord, job_record
 from gputask.k8s.outcomes import (
     BACKOFF_REASONS,
@@ -163,6 +164,7 @@ class Executor:
         self.queues = QueueUpkeep(controller, writer)
         self.pinner = Pinner(controller.config, writer, self.metrics)
         self.relabel = Relabeler(controller, writer, gate=self.gate, feed=job_feed)  # Jobs that lost the task label
+        self.gangs = GangWrites(writer, self._apply, self.carry_out)  # a gang's Service, other Jobs, pod pins
         self.outcomes = Outcomes(controller, self.metrics, self.gate, creating=self.creating, backoff_s=backoff_s,
                                  forget_job=self.relabel.drop)
         self._limit = asyncio.Semaphore(concurrency)
@@ -179,6 +181,7 @@ class Executor:
         self.transitions.unwritten.clear()
         self.queues.reset()
         self.relabel.reset()
+        self.gangs.reset()
 
     # -- decisions ------------------------------------------------------------------------------------
     async def apply(self, decisions: Iterable[Decision]) -> None:
@@ -211,15 +214,21 @@ class Executor:
         if unpinnable is not None:
             await self._apply(Rejected(record, unpinnable, PINNING_UNAVAILABLE))
             return
+        workload = workload_of(record)
         try:
-            job = workload_of(record).job_for(
+            jobs = workload.jobs_for(
                 decision.placement, attempt=attempt, queue=decision.task.queue, flavor=decision.task.flavor,
                 tolerations=flavor.tolerations if flavor else (), pinning=self.pinning, request=decision.task.request)
+            service = workload.service_for(decision.placement)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # conversion should have refused it
             log.error("building the Job of %s failed: %r", record.key, exc)
             await self._apply(Rejected(record, f"the pod template cannot be made into a Job: {exc!r}"))
             return
+        job = jobs[0]
         name = job["metadata"]["name"]
+        gang = len(jobs) > 1 or service is not None  # a gang: its Service and the Jobs of its other PodSets first
+        if gang and not await self.gangs.prepare(record, workload, service, jobs[1:], attempt):
+            return
         try:
             refused = await self.pinner.prepare(record.obj, name, decision.task.request, decision.placement)
         except Fenced:
@@ -269,9 +278,11 @@ class Executor:
         except ApiError as exc:
             await self.pinner.job_deleted(record.namespace, name)  # its ResourceClaimTemplate, made just before
             why = f"the API server refused Job {name}: {exc.status} {exc.reason}: {exc.message}"
+            await self.gangs.abandon(record, sent.job)  # a gang's other Jobs, created just before
             await self._apply(Rejected(record, why, settled=True))
             return
         await self._apply(Created(record, sent.decision, sent.decision.placement, name, sent.attempt))
+        self.gangs.sent_whole(record)
 
     async def _unconfirmed(self, record: TaskRecord, sent: Unconfirmed) -> None:
         """Keep the booking of a create whose outcome is unknown; look the Job up after the next backoff step."""
@@ -328,6 +339,7 @@ class Executor:
                 await self._unconfirmed(record, sent)
                 return
         await self._apply(Adopted(record, sent, job))
+        self.gangs.sent_whole(record)
 
     # -- pods that never start -------------------------------------------------------------------------
     async def start_problem(self, record: TaskRecord) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputask.core import Placement, TaskKey
+from gputask.k8s.gangjobs import GANG_ANNOTATION, GANG_JOBS_ANNOTATION, POD_SET_ANNOTATION
 from gputask.k8s.jobs import (
     ATTEMPT_ANNOTATION,
     FLAVOR_ANNOTATION,
@@ -47,6 +48,14 @@ class JobRecord:
     flavor: str = ""  # the ResourceFlavor it was admitted in (annotation gputask.io/flavor)
     uid: str = ""  # the Job's own metadata.uid ("" when not known)
     why: str = ""  # a failed Job's Failed condition, "reason: message"
+    gang: str = ""  # a gang's Job: the name of the gang's lead Job (its task's status.jobName); "" for a lone Job
+    gang_jobs: int = 1  # a gang's Job: how many Jobs the gang has (one per PodSet)
+    pod_set: str = ""  # a gang's Job: its PodSet
+
+    @property
+    def lead(self) -> str:
+        """The name its task's records know it by: the gang's lead Job, or its own name."""
+        return self.gang or self.name
 
     @property
     def key(self) -> str:
@@ -95,7 +104,14 @@ def job_record(obj: Mapping[str, Any]) -> JobRecord | None:
         str(annotations.get(FLAVOR_ANNOTATION) or ""),
         str(meta.get("uid") or ""),
         job_failure(obj),
+        str(annotations.get(GANG_ANNOTATION) or ""),
+        _count(annotations.get(GANG_JOBS_ANNOTATION)),
+        str(annotations.get(POD_SET_ANNOTATION) or ""),
     )
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, str) and value.isdigit() and int(value) > 0 else 1
 
 
 def holding_key(job: JobRecord) -> TaskKey:

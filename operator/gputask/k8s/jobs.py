@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gputask.core import GpuRequest, GpuSlot, NodeName, Placement
+from gputask.core import GpuRequest, GpuSlot, NodeName, Placement, PodPlacement
 from gputask.core.fit import Toleration
 from gputask.k8s import dra
 from gputask.k8s.names import API_VERSION, MAX_NAME, TASK_LABEL, fit_name
@@ -30,7 +30,7 @@ ATTEMPT_ANNOTATION = "gputask.io/attempt"
 TASK_UID_ANNOTATION = "gputask.io/task-uid"
 NODE_NAME_FIELD = "metadata.name"
 __all__ = ["API_VERSION", "MAX_NAME", "TASK_LABEL", "VISIBLE_DEVICES", "build_job", "fit_name", "job_name",
-           "job_shell", "parse_placement", "placement_annotation"]
+           "job_shell", "parse_placement", "pin_node", "placement_annotation", "tolerate"]
 
 
 def job_name(task_name: str, attempt: int) -> str:
@@ -55,27 +55,33 @@ def placement_annotation(placement: Placement) -> str:
 
 
 def parse_placement(text: str | None) -> Placement | None:
-    """The one-pod Placement in a ``gputask.io/placement`` annotation; None when absent or malformed."""
+    """The Placement in a ``gputask.io/placement`` annotation: one pod (``{node, uuids, indices, memoryMiB}``), or
+    a gang Job's PodSet (``{"podSet", "pods": [...]}``, :mod:`gputask.k8s.gangjobs`); None when absent or
+    malformed."""
     if not text:
         return None
     try:
         raw = json.loads(text)
-        slots = tuple(
-            GpuSlot(int(i), str(u), int(m))
-            for i, u, m in zip(raw["indices"], raw["uuids"], raw["memoryMiB"], strict=True)
-        )
-        return Placement.one(NodeName(str(raw["node"])), slots)
-    except (ValueError, KeyError, TypeError):
+        pods = [raw] if "pods" not in raw else list(raw["pods"])
+        placed = []
+        for pod in pods:
+            slots = tuple(
+                GpuSlot(int(i), str(u), int(m))
+                for i, u, m in zip(pod["indices"], pod["uuids"], pod["memoryMiB"], strict=True)
+            )
+            placed.append(PodPlacement(NodeName(str(pod["node"])), slots))
+        return Placement(tuple(placed)) if placed else None
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def pin_node(pod_spec: dict[str, Any], node: str) -> None:
-    """Require the node in every nodeSelectorTerm (terms are ORed: one term without it would let the
-    pod run elsewhere), keeping the user's own terms and preferred affinity."""
+def pin_node(pod_spec: dict[str, Any], node: str | list[str]) -> None:
+    """Require the node (or one of the nodes) in every nodeSelectorTerm (terms are ORed: one term without it would
+    let the pod run elsewhere), keeping the user's own terms and preferred affinity."""
     affinity = pod_spec["affinity"] = dict(pod_spec.get("affinity") or {})
     node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
     required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    pin = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
+    pin = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node] if isinstance(node, str) else list(node)}
     given = [t for t in required.get("nodeSelectorTerms") or [] if t.get("matchExpressions") or t.get("matchFields")]
     terms = [dict(term) for term in given] or [{}]  # an empty term matches nothing: pinned, it would match
     for term in terms:
@@ -111,10 +117,7 @@ def build_job(
         job["metadata"]["labels"][FLAVOR_LABEL] = fit_name(flavor)
         job["metadata"]["annotations"][FLAVOR_ANNOTATION] = flavor
     template = job["spec"]["template"]
-    added = [_toleration(t) for t in tolerations]
-    if added:
-        own = template["spec"].get("tolerations") or []
-        template["spec"]["tolerations"] = [*own, *(t for t in added if t not in own)]
+    tolerate(template["spec"], tolerations)
     pod_annotations = template["metadata"]["annotations"] = {
         **(template["metadata"].get("annotations") or {}),
         PLACEMENT_ANNOTATION: annotation,
@@ -126,6 +129,14 @@ def build_job(
     return job
 
 
+def tolerate(pod_spec: dict[str, Any], tolerations: Iterable[Toleration]) -> None:
+    """Add a flavor's ``tolerations`` to a pod spec (those it has already are not repeated)."""
+    added = [_toleration(t) for t in tolerations]
+    if added:
+        own = pod_spec.get("tolerations") or []
+        pod_spec["tolerations"] = [*own, *(t for t in added if t not in own)]
+
+
 def _toleration(t: Toleration) -> dict[str, Any]:
     """A core/v1 Toleration dict (empty fields left out, as the API server prints them)."""
     raw: dict[str, Any] = {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect,
@@ -134,13 +145,16 @@ def _toleration(t: Toleration) -> dict[str, Any]:
 
 
 def job_shell(
-    task_obj: Mapping[str, Any], *, attempt: int, queue: str, annotations: Mapping[str, str]
+    task_obj: Mapping[str, Any], *, attempt: int, queue: str, annotations: Mapping[str, str],
+    template: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A task's Job before placement: name, labels, ``annotations`` plus attempt and task uid,
-    the ownerReference, and a copy of the task's pod template carrying the labels."""
+    the ownerReference, and a copy of the pod template (``template``, else the task's ``spec.template``) carrying
+    the labels."""
     meta = task_obj["metadata"]
     name, namespace, uid = meta["name"], meta.get("namespace") or "default", meta["uid"]
-    template = copy.deepcopy(dict((task_obj.get("spec") or {}).get("template") or {}))
+    given = template if template is not None else (task_obj.get("spec") or {}).get("template")
+    template = copy.deepcopy(dict(given or {}))
     pod_meta = template.setdefault("metadata", {})
     template.setdefault("spec", {})
     labels = {TASK_LABEL: fit_name(name), QUEUE_LABEL: fit_name(queue)}

@@ -63,7 +63,9 @@ class SchedulingLoop:
             async with self.gate:
                 controller.inventory.check_heartbeats(now)
                 reports = controller.take_reports()
+                pins = controller.pods.take_pins()
             await executor.publish(reports)
+            await executor.gangs.pin(pins)  # a gang's gated pods, pinned to their nodes and GPUs
             overdue = controller.overdue(now)
             if overdue:
                 await executor.pods_not_starting(overdue)  # evictions the next lines' cycle emits

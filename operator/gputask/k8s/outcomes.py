@@ -31,13 +31,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gputask.core import Admit, Pending, Placement
 from gputask.core.scheduler import Evict, Fail
 from gputask.k8s import phases, records
 from gputask.k8s.controller import Controller
+from gputask.k8s.gangjobs import gang_job_name
 from gputask.k8s.jobrecords import SYSTEM_DISRUPTIONS, JobRecord
 from gputask.k8s.localqueues import DEPRECATED_QUEUE_NAME, deprecation_message
 from gputask.k8s.phases import Said
@@ -55,6 +56,7 @@ BACKOFF_REASONS = (JOB_REJECTED, PINNING_UNAVAILABLE)  # waits said once, when t
 FAILURE_REASONS = ("NodeFailure", "GPUFailure", "PodsNotStarting", "GPUMemoryExceeded", *SYSTEM_DISRUPTIONS)
 STRAY_JOB = "StrayJob"  # why a second live Job of a task is stopped
 TASK_DELETED = "TaskDeleted"  # why a deleted task's Job is stopped
+GANG_ENDED = "GangEnded"  # why the other Jobs of a gang are stopped when one of its Jobs failed
 
 
 class Sent(Protocol):
@@ -259,6 +261,9 @@ class Outcomes:
             scheduler.requeue(record.key)
             return Steps([])
         placement = job.placement
+        if job.gang and len(outcome.sent.decision.placement.pods) > 1:  # a gang's lead Job carries its PodSet's pods
+            chosen = outcome.sent.decision.placement
+            placement = chosen if chosen.pods[:len(job.placement.pods)] == job.placement.pods else job.placement
         self.controller.adopting(job)
         if job.outcome is not None:  # it ran to its end while nobody knew: the task's end, never run again
             scheduler.finish(record.key)
@@ -293,7 +298,8 @@ class Outcomes:
                    "create went unanswered (a GPU would be over its memory): the Job is deleted and the task requeued")
         self.metrics.evictions.labels(PLACEMENT_CONFLICT).inc()
         said = phases.evicted(record, PLACEMENT_CONFLICT, message)
-        return Steps([said, Stop(job, workload_of(record), PLACEMENT_CONFLICT)])
+        workload = workload_of(record)
+        return Steps([said, *(Stop(j, workload, PLACEMENT_CONFLICT) for j in self._gang(record, job))])
 
     def _rejected(self, outcome: Rejected) -> Steps:
         """Give the task back to the core, held back for the next backoff step, and say why."""
@@ -349,7 +355,9 @@ class Outcomes:
         if record is None:
             return Steps([])
         job = self._current_job(record)
-        self.controller.departing(job, decision.held)  # its pods keep their GPUs until the Job is gone
+        gang = self._gang(record, job) if job is not None else []
+        # its pods keep their GPUs until the Job is gone; each Job of a gang its own pods' GPUs
+        self.controller.departing(job, decision.held, gang if len(gang) > 1 else ())
         self.metrics.evictions.labels(decision.reason).inc()
         if decision.reason == "Preempted":
             self.metrics.preemptions.labels(decision.task.queue).inc()
@@ -360,8 +368,8 @@ class Outcomes:
         if record.revision_error is not None and record.key not in self.controller.scheduler.pending:
             records.revision_invalid(record)  # its edited spec can never run
             steps.append(phases.invalid(record))
-        if job is not None:
-            steps.append(Stop(job, workload_of(record), decision.reason))
+        workload = workload_of(record)
+        steps.extend(Stop(j, workload, decision.reason) for j in gang)
         return Steps(steps)
 
     def _current_job(self, record: TaskRecord) -> JobRecord | None:
@@ -379,6 +387,28 @@ class Outcomes:
             record.job_name, record.namespace, record.uid, record.attempt, record.placement
         )
 
+    def _gang(self, record: TaskRecord, lead: JobRecord) -> list[JobRecord]:
+        """The Jobs of ``lead``'s gang, lead first: each PodSet's (known, or as its create made it: the name of its
+        attempt and its pods' part of the task's placement); ``[lead]`` for a lone Job."""
+        task, placement = record.task, record.placement
+        known = {j.name: j for j in self.controller.jobs_of_task.get(record.uid, {}).values() if j.lead == lead.name}
+        if task is None or len(task.podsets) == 1 and not lead.gang:
+            return [lead, *(j for name, j in sorted(known.items()) if name != lead.name)]
+        names = [gang_job_name(record.name, lead.attempt, p.name) for p in task.podsets]
+        parts: list[Placement | None] = [None] * len(names)
+        if placement is not None and task.pod_count == len(placement.pods):
+            start = 0
+            for i, pod_set in enumerate(task.podsets):
+                parts[i] = Placement(placement.pods[start:start + pod_set.count])
+                start += pod_set.count
+        if lead.key not in self.controller.jobs and parts[0] is not None:  # not seen yet: its own pods' part
+            lead = replace(lead, placement=parts[0], gang=lead.name, gang_jobs=len(names), pod_set=task.podsets[0].name)
+        out = [lead]
+        for name, part, pod_set in zip(names[1:], parts[1:], task.podsets[1:], strict=True):
+            out.append(known.pop(name, None) or JobRecord(name, record.namespace, record.uid, lead.attempt, part,
+                                                          gang=lead.name, gang_jobs=len(names), pod_set=pod_set.name))
+        return [*out, *(j for name, j in sorted(known.items()) if name != lead.name)]
+
     def _failed(self, outcome: FailedForGood) -> Steps:
         decision = outcome.decision
         record = self.controller.tasks.get(decision.task.key)
@@ -393,7 +423,8 @@ class Outcomes:
 
     def _stopping(self, outcome: Stopping) -> Steps:
         job = self._current_job(outcome.record)
-        return Steps([] if job is None else [Stop(job, workload_of(outcome.record), TASK_DELETED)])
+        workload = workload_of(outcome.record)
+        return Steps([] if job is None else [Stop(j, workload, TASK_DELETED) for j in self._gang(outcome.record, job)])
 
     def _reported(self, outcome: Reported) -> Steps:  # noqa: C901 - one branch per ReportKind, as the enum reads
         report = outcome.report
@@ -411,8 +442,10 @@ class Outcomes:
             message = deprecation_message(record.namespace, report.detail)
             said = phases.note(record, "Warning", DEPRECATED_QUEUE_NAME, message)
         elif kind == ReportKind.FINISHED:
+            jobs = self.controller.jobs_of_task.get(record.uid, {}).values()
             job = self.controller.jobs.get(f"{record.namespace}/{record.job_name}")
-            said = phases.finished(record, report.detail, job.why if job is not None else "")
+            why = next((j.why for j in jobs if j.lead == record.job_name and j.why), job.why if job else "")
+            said = phases.finished(record, report.detail, why)
         elif kind == ReportKind.RUNNING and record.phase == ADMITTED:
             said = phases.running(record, report.detail)
         elif kind == ReportKind.RESTORED:
@@ -423,6 +456,8 @@ class Outcomes:
             said = phases.gpus_held(record, report.detail, held=kind == ReportKind.GPUS_HELD)
         elif kind in (ReportKind.OVER_BUDGET, ReportKind.WITHIN_BUDGET) and record.phase in PLACED_PHASES:
             said = phases.memory_budget(record, kind == ReportKind.WITHIN_BUDGET, report.detail)
+        elif kind == ReportKind.GANG_ENDED and report.detail in self.controller.jobs:
+            return Steps([Stop(self.controller.jobs[report.detail], workload_of(record), GANG_ENDED)])
         elif kind == ReportKind.STRAY_JOB and report.detail in self.controller.jobs:
             job = self.controller.jobs[report.detail]
             self.metrics.strays.inc()

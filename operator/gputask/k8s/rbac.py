@@ -43,6 +43,7 @@ from gputask.k8s.client import (
     RESOURCECLAIMS,
     RESOURCECLAIMTEMPLATES,
     RUNTIMECLASSES,
+    SERVICES,
     WORKLOADPRIORITYCLASSES,
     WORKLOADS,
     Resource,
@@ -131,6 +132,8 @@ OPERATOR: tuple[Rule, ...] = (
     rule(GPUTASKS, "create", why="the GPUTask that is an existing Job's workload object (k8s.userjob_feed)"),
     rule(PODS, "create", sub="eviction", why="defragmentation moves a task through the Eviction API (dry-run first, "
          "then for real) so that no PodDisruptionBudget is broken (k8s.evictions)"),
+    rule(SERVICES, "create", why="gangs: the headless Service that gives a gang's pods stable hostnames"),
+    rule(PODS, "patch", why="gangs: pin a gated pod to its node and GPUs and remove its scheduling gate"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
     rule(CUSTOMRESOURCEDEFINITIONS, "list", "watch", why="kopf notices CRDs installed after it starts"),

@@ -24,6 +24,7 @@ class ReportKind(StrEnum):
     RUNNING = "running"  # detail: which pod of its Job started
     RESTORED = "restored"  # detail: the status message (a restart between the Job's create and the status)
     DELETE_JOB = "delete-job"  # its object was deleted: its Job goes
+    GANG_ENDED = "gang-ended"  # detail: the key of a live Job of a gang whose other Job failed, to stop
     STRAY_JOB = "stray-job"  # detail: the key of a second live Job of the task, to delete
     OVER_BUDGET = "over-budget"  # detail: its pods' GPU memory against its reservation
     WITHIN_BUDGET = "within-budget"  # detail: the same, within it again

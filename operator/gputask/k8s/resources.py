@@ -117,6 +117,7 @@ PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespa
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 WORKLOADPRIORITYCLASSES = Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False)
 PODS = Resource("", "v1", "pods")
+SERVICES = Resource("", "v1", "services")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads")
 LOCALQUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues")

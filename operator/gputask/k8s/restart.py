@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gputask.core import InvalidTaskError
+from gputask.core import InvalidTaskError, Placement, Task
 from gputask.k8s import records
 from gputask.k8s.jobrecords import (
     JobRecord,
@@ -85,7 +85,7 @@ class Restart:
                 pods.on_task_pod(pod)  # its task, still Admitted in its status, is Running now
         for job in jobs:
             record = self.ctl.by_uid.get(job.task_uid)
-            if job.terminating or record is None or record.job_name != job.name:
+            if job.terminating or record is None or record.job_name != job.lead:
                 self.ctl.hold(job)  # an old attempt, or a deleted task's Job, still on its GPUs
         self.ctl.pods.hold_gone_jobs()
         for name in list(inv.gpunodes):  # GPUNodes came before the tasks: memory our restored tasks use was
@@ -105,6 +105,7 @@ class Restart:
         job = self._booked_job(record, status.get("jobName"))
         if job is None or job.placement is None:
             return
+        placement = job.placement
         if job.outcome is not None:  # it ended while no operator watched: say so now
             records.ended_unseen(record, job.name, job.attempt, phase=ADMITTED)
             self.ctl.outbox.append(Report(ReportKind.FINISHED, record, job.outcome))
@@ -113,10 +114,15 @@ class Restart:
             task = self.ctl.specs.placed_in(record, self.ctl.specs.convert_task(obj), status.get("queue"))
         except InvalidTaskError:
             return
+        if job.gang:
+            gang_placement = self._gang_placement(record, job, task)
+            if gang_placement is None:
+                return
+            placement = gang_placement
         records.restored(
             record, task, generation=int(status.get("observedGeneration") or obj["metadata"].get("generation") or 0),
             phase=RUNNING if status.get("phase") == RUNNING else ADMITTED, job_name=job.name, attempt=job.attempt,
-            placement=job.placement, flavor=job.flavor or str(status.get("flavor") or ""),  # restored where charged
+            placement=placement, flavor=job.flavor or str(status.get("flavor") or ""),  # restored where charged
         )
         self.ctl.scheduler.set_reschedules(record.key, record.reschedules)
         if self._restoring is not None:
@@ -126,14 +132,35 @@ class Restart:
         if record.phase == ADMITTED:  # the pod-start deadline runs on from the admission, not the restart
             self.ctl.pods.started(record, convert.timestamp(record.admitted_at) or time.time())
 
+    def _gang_placement(self, record: TaskRecord, lead: JobRecord, task: Task) -> Placement | None:
+        """A gang's placement from its Jobs (each carries its PodSet's pods), in the task's PodSet order; None when a
+        Job of it is missing, ended or does not match its PodSet: then every live Job of it is reported a stray (the
+        gang runs whole or not at all) and the task waits to be placed again."""
+        gang = {j.pod_set: j for j in self.ctl.jobs_of_task.get(record.uid, {}).values() if j.lead == lead.lead}
+        pods = []
+        for pod_set in task.podsets:
+            job = gang.get(pod_set.name)
+            whole = job is not None and job.placement is not None and len(job.placement.pods) == pod_set.count
+            if job is None or job.placement is None or job.outcome is not None or not whole:
+                for each in gang.values():
+                    if not each.terminating and each.outcome is None:
+                        self.ctl.outbox.append(Report(ReportKind.STRAY_JOB, record, each.key))
+                log.warning("task %s: its gang's Jobs are not whole at the restart (PodSet %s); requeued",
+                            record.key, pod_set.name)
+                return None
+            pods.extend(job.placement.pods)
+        return Placement(tuple(pods))
+
     def _booked_job(self, record: TaskRecord, named: Any) -> JobRecord | None:
         """The Job the books (status.jobName) name if it is live, else the newest live one; any other live
         Job of the task is a stray (a lost create answer, a stale leader) and is reported for deletion."""
         jobs = self.ctl.jobs_of_task.get(record.uid, {}).values()
         live = [j for j in jobs if not j.terminating and j.outcome is None]
         booked = next((j for j in live if j.name == named), None) or self.ctl.job_of(record)
+        if booked is not None and booked.gang and booked.name != booked.gang:  # the gang's lead stands for it
+            booked = next((j for j in live if j.name == booked.gang), booked)
         for job in live:
-            if booked is not None and job.key != booked.key:
+            if booked is not None and job.lead != booked.lead:  # a gang's Jobs are one
                 self.ctl.outbox.append(Report(ReportKind.STRAY_JOB, record, job.key))
         return booked
 

@@ -24,11 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gputask.controller")
 
-GANGS_NOT_RUN = ("spec.podSets: Forbidden: tasks of podSets (gangs) are not run by this operator version yet; "
-                 "give one pod with gpus, gpuMemory or gpuFraction, gpuProducts and template")
-"""Why a GPUTask with ``spec.podSets`` fails (InvalidSpec) until the operator runs gangs (Indexed Jobs per PodSet)."""
-
-
 class Specs:
     """Spec conversion and queue resolution of the controller's tasks (one per controller, :attr:`Controller.specs`)."""
 
@@ -36,17 +31,18 @@ class Specs:
         self.ctl = ctl
 
     def convert_task(self, obj: Mapping[str, Any]) -> Task:
-        """Core Task of a GPUTask body; raises InvalidTaskError (a pod template the Job API refuses, or none; a
-        task of ``spec.podSets``, which this operator version does not run yet: :data:`GANGS_NOT_RUN`; also,
-        logged, for anything else the converter raises on odd input)."""
+        """Core Task of a GPUTask body; raises InvalidTaskError (a pod template the Job API refuses, or none: the
+        one pod's ``spec.template``, or a ``spec.podSets`` entry's ``template``, which its Indexed Job is made of;
+        also, logged, for anything else the converter raises on odd input)."""
         spec = obj.get("spec")
         if isinstance(spec, Mapping) and spec.get("template") is None and spec.get("podSets") is None:
             raise InvalidTaskError("InvalidSpec", "spec.template: Required value: the task runs as a Job of it")
         task = self._converted(obj)
-        if isinstance(spec, Mapping) and spec.get("podSets") is not None:
-            # The one guard against running a gang: the Job of a GPUTask is built from spec.template for one pod
-            # (k8s/jobs.py, k8s/executor.py); the Indexed Jobs of PodSets are not built yet. Remove it with them.
-            raise InvalidTaskError("InvalidSpec", GANGS_NOT_RUN)
+        pod_sets = spec.get("podSets") if isinstance(spec, Mapping) else None
+        for i, entry in enumerate(pod_sets if isinstance(pod_sets, list) else ()):
+            if isinstance(entry, Mapping) and entry.get("template") is None:
+                raise InvalidTaskError("InvalidSpec", f"spec.podSets[{i}].template: Required value: the PodSet's "
+                                                      "pods run as an Indexed Job of it")
         return task
 
     def _converted(self, obj: Mapping[str, Any]) -> Task:

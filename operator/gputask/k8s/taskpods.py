@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gputask.core import NodeName, TaskKey
 from gputask.core.budget import Overuse, overuse_text
+from gputask.k8s.gangjobs import pin_patch, pod_index
 from gputask.k8s.jobrecords import (
     DISRUPTION_TARGET,
     STARTED_POD_PHASES,
@@ -25,6 +26,7 @@ from gputask.k8s.jobrecords import (
 from gputask.k8s.jobs import PLACEMENT_ANNOTATION, TASK_LABEL, parse_placement
 from gputask.k8s.lingering import GoneJob, PodsOfJobs
 from gputask.k8s.names import fit_name
+from gputask.k8s.pinning import Pinning
 from gputask.k8s.records import (
     ADMITTED,
     PLACED_PHASES,
@@ -53,6 +55,21 @@ class TaskPods:
         # Job key -> "pod P of Job J is Running": a pod that started while its Job's create was still unconfirmed
         # (its answer lost, or not back yet); said once the task is admitted with that Job (:meth:`admitted_with`).
         self.early_starts: dict[str, str] = {}
+        self.gang_started: dict[str, set[str]] = {}  # a gang's lead Job key -> the names of its pods that started
+        self.pins: dict[str, tuple[str, str, dict[str, Any]]] = {}  # pod key -> (namespace, name, pin patch) to send
+
+    def _pin(self, pod: Mapping[str, Any], job: JobRecord) -> None:
+        """Queue the patch that pins a gated pod of a gang's Job to its node and GPUs (:func:`pin_patch`)."""
+        patch = pin_patch(pod, job.placement, Pinning(self.ctl.config.pinning))
+        meta = pod.get("metadata") or {}
+        if patch is not None and meta.get("name"):
+            namespace = str(meta.get("namespace") or job.namespace)
+            self.pins[f"{namespace}/{meta['name']}"] = (namespace, str(meta["name"]), patch)
+
+    def take_pins(self) -> dict[str, tuple[str, str, dict[str, Any]]]:
+        """The pod pins to send (emptied)."""
+        pins, self.pins = self.pins, {}
+        return pins
 
     def on_task_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pod of one of our Jobs changed: Running once it runs; remember why it cannot be scheduled."""
@@ -62,25 +79,36 @@ class TaskPods:
             return
         record = self.ctl.by_uid.get(job.task_uid)
         status = pod.get("status") or {}
-        if record is not None and record.creating == job.name and record.job_name != job.name:
-            if not deleted and status.get("phase") in STARTED_POD_PHASES:
+        if record is not None and job.gang and job.lead in (record.job_name, record.creating) and not deleted:
+            self._pin(pod, job)  # a gang's pod waits behind its gate until pinned to its node and GPUs
+        if record is not None and record.creating == job.lead and record.job_name != job.lead:
+            if not deleted and status.get("phase") in STARTED_POD_PHASES and not job.gang:
                 name = (pod.get("metadata") or {}).get("name")
                 self.early_starts[job.key] = f"pod {name} of Job {job.name} is {status['phase']}"
             return
-        if record is None or record.job_name != job.name:
+        if record is None or record.job_name != job.lead:
             return
         self._note_disruption(pod, job)
         if not deleted and status.get("phase") in STARTED_POD_PHASES:
-            self.pod_problems.pop(job.key, None)
+            lead = f"{job.namespace}/{job.lead}"
+            self.pod_problems.pop(lead, None)
+            name = (pod.get("metadata") or {}).get("name")
+            message = f"pod {name} of Job {job.name} is {status['phase']}"
+            if job.gang:  # Running once every pod of the gang has started
+                started = self.gang_started.setdefault(lead, set())
+                started.add(f"{job.name}/{pod_index(pod)}")  # a pod replaced after a failure counts once
+                total = record.task.pod_count if record.task is not None else 0
+                if len(started) < total:
+                    return
+                message = f"all {total} pods of the gang started (the last: {message})"
             if record.phase == ADMITTED:
-                name = (pod.get("metadata") or {}).get("name")
-                message = f"pod {name} of Job {job.name} is {status['phase']}"
                 self.ctl.outbox.append(Report(ReportKind.RUNNING, record, message))
             return
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
                 name = (pod.get("metadata") or {}).get("name")
-                self.pod_problems[job.key] = f"pod {name} is {cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+                said = f"pod {name} is {cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+                self.pod_problems[f"{job.namespace}/{job.lead}"] = said
 
     def admitted_with(self, record: TaskRecord) -> None:
         """The task was just admitted with its Job (created, or found after a lost answer): a pod of that Job seen
@@ -157,7 +185,7 @@ class TaskPods:
     def _running_task_of_pod(self, pod_uid: str) -> TaskRecord | None:
         job = self.ctl.jobs.get(self.task_pods.get(pod_uid, ""))
         record = self.ctl.by_uid.get(job.task_uid) if job is not None else None
-        if record is None or job is None or record.job_name != job.name or record.phase not in PLACED_PHASES:
+        if record is None or job is None or record.job_name != job.lead or record.phase not in PLACED_PHASES:
             return None
         return record
 

@@ -465,6 +465,17 @@ class UserJobWorkload:
                              "annotations": annotations},
                 "spec": {"fields": fields}}
 
+    def jobs_for(self, placement: Placement, *, attempt: int, queue: str, flavor: str = "",
+                 tolerations: Iterable[Toleration] = (), pinning: Pinning = ENVVAR,
+                 request: GpuRequest | None = None) -> list[dict[str, Any]]:
+        """:meth:`job_for`'s one admission (an existing Job is one PodSet; raises ValueError as it does)."""
+        return [self.job_for(placement, attempt=attempt, queue=queue, flavor=flavor, tolerations=tolerations,
+                             pinning=pinning, request=request)]
+
+    def service_for(self, placement: Placement) -> dict[str, Any] | None:
+        """None: an existing Job is not a gang."""
+        return None
+
     def suspended_job(self, *, attempt: int, queue: str, pinning: Pinning,
                       request: GpuRequest | None) -> dict[str, Any]:
         """Kueue mode does not admit existing Jobs through gputask; raises ValueError."""

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from gputask.core import GpuRequest, Placement
 from gputask.core.fit import Toleration
+from gputask.k8s.gangjobs import GangPodSet, build_gang_jobs, build_service
 from gputask.k8s.jobrecords import JobRecord, job_failure, job_outcome
 from gputask.k8s.jobs import TASK_UID_ANNOTATION, build_job
 from gputask.k8s.kueue_api import build_kueue_job
@@ -84,6 +85,16 @@ class Workload(Protocol):
         """The Job that runs it on ``placement`` (to create)."""
         ...
 
+    def jobs_for(self, placement: Placement, *, attempt: int, queue: str, flavor: str = "",
+                 tolerations: Iterable[Toleration] = (), pinning: Pinning = ENVVAR,
+                 request: GpuRequest | None = None) -> list[dict[str, Any]]:
+        """The Jobs that run it on ``placement`` (to create; a gang's lead first)."""
+        ...
+
+    def service_for(self, placement: Placement) -> dict[str, Any] | None:
+        """The Service its pods are named under (a gang's), or None."""
+        ...
+
     def suspended_job(self, *, attempt: int, queue: str, pinning: Pinning,
                       request: GpuRequest | None) -> dict[str, Any]:
         """Kueue mode: the suspended Job Kueue admits."""
@@ -127,9 +138,13 @@ class GPUTaskWorkload:
         return self.record.obj
 
     def pod_sets(self) -> tuple[PodSetInfo, ...]:
-        """One PodSet ``main`` of one pod: the GPUTask's template (a task is one pod today)."""
-        template = (self.record.obj.get("spec") or {}).get("template") or {}
-        return (PodSetInfo(MAIN_POD_SET, 1, template),)
+        """Its ``spec.podSets`` (name, count, template), or one PodSet ``main`` of one pod: ``spec.template``."""
+        spec = self.record.obj.get("spec") or {}
+        given = spec.get("podSets")
+        if isinstance(given, list) and given:
+            return tuple(PodSetInfo(str(p.get("name") or ""), int(p.get("count") or 1), p.get("template") or {})
+                         for p in given)
+        return (PodSetInfo(MAIN_POD_SET, 1, spec.get("template") or {}),)
 
     def priority(self) -> int:
         """The converted task's priority; 0 before conversion."""
@@ -146,6 +161,28 @@ class GPUTaskWorkload:
         it does)."""
         return build_job(self.record.obj, placement, attempt=attempt, queue=queue, flavor=flavor,
                          tolerations=tolerations, pinning=pinning, request=request)
+
+    def jobs_for(self, placement: Placement, *, attempt: int, queue: str, flavor: str = "",
+                 tolerations: Iterable[Toleration] = (), pinning: Pinning = ENVVAR,
+                 request: GpuRequest | None = None) -> list[dict[str, Any]]:
+        """The Jobs that run it on ``placement``: :meth:`job_for`'s one Job for one pod; for a gang (several pods) one
+        Indexed Job per PodSet, lead first (:func:`~gputask.k8s.gangjobs.build_gang_jobs`; raises ValueError as it
+        does, KeyError when the task is not converted)."""
+        if len(placement.pods) == 1:
+            return [self.job_for(placement, attempt=attempt, queue=queue, flavor=flavor, tolerations=tolerations,
+                                 pinning=pinning, request=request)]
+        task = self.record.task
+        if task is None:
+            raise KeyError("a gang's Jobs need its converted task")
+        requests = {p.name: p.request for p in task.podsets}
+        pod_sets = [GangPodSet(p.name, p.count, p.template, requests[p.name]) for p in self.pod_sets()]
+        return build_gang_jobs(self.record.obj, pod_sets, placement, attempt=attempt, queue=queue, flavor=flavor,
+                               tolerations=tolerations, pinning=pinning)
+
+    def service_for(self, placement: Placement) -> dict[str, Any] | None:
+        """The headless Service a gang's pods are named under (:func:`~gputask.k8s.gangjobs.build_service`); None
+        for one pod."""
+        return None if len(placement.pods) == 1 else build_service(self.record.obj)
 
     def suspended_job(self, *, attempt: int, queue: str, pinning: Pinning,
                       request: GpuRequest | None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ BUILTINS: tuple[Builtin, ...] = (
     Builtin("v1", "configmaps", "ConfigMap", True, ("cm",)),
     Builtin("v1", "secrets", "Secret", True),
     Builtin("v1", "resourcequotas", "ResourceQuota", True, ("quota",), status=True),
+    Builtin("v1", "services", "Service", True, ("svc",), status=True, categories=("all",)),
     Builtin("batch/v1", "jobs", "Job", True, status=True, categories=("all",)),
     Builtin("apps/v1", "deployments", "Deployment", True, ("deploy",), True, ("all",)),
     Builtin("coordination.k8s.io/v1", "leases", "Lease", True),

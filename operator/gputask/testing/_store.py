@@ -22,6 +22,7 @@ from kmock import KubernetesError, ObjectsArray, ResourceInfo, ResourcesArray, r
 
 from gputask.testing._admission import RESOURCE_QUOTAS, quota_refusal, validation_problems
 from gputask.testing._dra import immutable_spec
+from gputask.testing._pods import pod_update_problems
 from gputask.testing._resources import (
     CRD_RESOURCE,
     KEEP_STATUS_ON_CREATE,
@@ -302,7 +303,9 @@ class Store:
                 "added if the object is being deleted",
                 kind=info.kind,
             )
-        if subresource is None and (problems := immutable_spec(res, current, new)):
+        problems = [] if subresource is not None else immutable_spec(res, current, new) or pod_update_problems(
+            res, current, new)
+        if problems:
             raise rejected(res, key[2], problems, kind=info.kind)
         if res == CRD_RESOURCE and subresource is None:
             self._install(new)
