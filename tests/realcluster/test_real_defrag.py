@@ -207,18 +207,20 @@ def test_a_move_without_a_budget_dry_runs_then_evicts_and_admits_the_big_task(st
     names big) and re-admitted beside s1 with Job s2-2, and big is admitted to s2's old node, its pod bound there by
     kube-scheduler; s1 is never touched."""
     ns = "defrag-free"
-    before = fragment(stack, ns)
-    submit(stack, ns, "big", 2)
-    big = wait_running(stack, ns, "big")
-    s1, s2 = wait_running(stack, ns, "s1"), wait_running(stack, ns, "s2")
-    s1_node, s2_node = before["s1"][0], before["s2"][0]
-    assert (evictions(stack, ns), big[0], big[3], s1, s2[0], s2[1], s2[3],
-            [(n, t) for n, t, _ in events(stack, ns, "Defragmented")]) == (
-        [(before["s2"][2], DRY, 201), (before["s2"][2], REAL, 201)], s2_node, s2_node, before["s1"], s1_node,
-        "s2-2", s1_node, [("s2", "Warning")],
-    )
-    assert f"{ns}/big" in events(stack, ns, "Defragmented")[0][2]
-    cleanup(stack, ns)
+    try:
+        before = fragment(stack, ns)
+        submit(stack, ns, "big", 2)
+        big = wait_running(stack, ns, "big")
+        s1, s2 = wait_running(stack, ns, "s1"), wait_running(stack, ns, "s2")
+        s1_node, s2_node = before["s1"][0], before["s2"][0]
+        assert (evictions(stack, ns), big[0], big[3], s1, s2[0], s2[1], s2[3],
+                [(n, t) for n, t, _ in events(stack, ns, "Defragmented")]) == (
+            [(before["s2"][2], DRY, 201), (before["s2"][2], REAL, 201)], s2_node, s2_node, before["s1"], s1_node,
+            "s2-2", s1_node, [("s2", "Warning")],
+        )
+        assert f"{ns}/big" in events(stack, ns, "Defragmented")[0][2]
+    finally:
+        cleanup(stack, ns)  # the next test needs every GPU free
 
 
 def test_a_budget_refuses_one_move_with_one_429_and_another_plan_runs(stack: Stack) -> None:
@@ -227,35 +229,37 @@ def test_a_budget_refuses_one_move_with_one_429_and_another_plan_runs(stack: Sta
     run, then eviction) and big admitted to s1's old node; s2's pod (same uid) runs on, and the budget never allowed
     a disruption nor lost its healthy pod."""
     ns = "defrag-budget"
-    before = fragment(stack, ns)
-    s2_pod = stack.api.kubectl("get", "pod", before["s2"][2], "-n", ns, "-o", "json")
-    stack.cp.kubectl("create", "-f", "-", input=json.dumps({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-s2", "namespace": ns},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"job-name": before["s2"][1]}}}}))
+    try:
+        before = fragment(stack, ns)
+        s2_pod = stack.api.kubectl("get", "pod", before["s2"][2], "-n", ns, "-o", "json")
+        stack.cp.kubectl("create", "-f", "-", input=json.dumps({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-s2", "namespace": ns},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"job-name": before["s2"][1]}}}}))
 
-    def budget() -> dict[str, Any] | None:
-        found = stack.api.get("poddisruptionbudgets", "keep-s2", ns) or {}
-        status = found.get("status") or {}
-        observed = status.get("observedGeneration") == found["metadata"]["generation"]
-        return status if observed and status.get("currentHealthy") == 1 else None
+        def budget() -> dict[str, Any] | None:
+            found = stack.api.get("poddisruptionbudgets", "keep-s2", ns) or {}
+            status = found.get("status") or {}
+            observed = status.get("observedGeneration") == found["metadata"]["generation"]
+            return status if observed and status.get("currentHealthy") == 1 else None
 
-    assert {k: v for k, v in wait_for(budget, 60, "the disruption controller's status of keep-s2").items()
-            if k in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")} == {
-        "currentHealthy": 1, "desiredHealthy": 1, "disruptionsAllowed": 0, "expectedPods": 1}
-    submit(stack, ns, "big", 2)
-    big = wait_running(stack, ns, "big")
-    s1, s2 = wait_running(stack, ns, "s1"), wait_running(stack, ns, "s2")
-    time.sleep(1)  # two scheduling cycles after: a resent or late eviction would be in the audit log by now
-    s2_now = stack.api.kubectl("get", "pod", before["s2"][2], "-n", ns, "-o", "json")
-    after = budget()
-    s1_node, s2_node = before["s1"][0], before["s2"][0]
-    refused = events(stack, ns, "DefragmentationRefused")
-    assert (evictions(stack, ns), big[0], big[3], s2, s2_now["metadata"]["uid"], s1[0], s1[1], s1[3],
-            [(n, t) for n, t, _ in refused], [(n, t) for n, t, _ in events(stack, ns, "Defragmented")],
-            after and (after["currentHealthy"], after["disruptionsAllowed"])) == (
-        [(before["s2"][2], DRY, 429), (before["s1"][2], DRY, 201), (before["s1"][2], REAL, 201)],
-        s1_node, s1_node, before["s2"], s2_pod["metadata"]["uid"], s2_node, "s1-2", s2_node,
-        [("big", "Warning")], [("s1", "Warning")], (1, 0),
-    )
-    assert "The disruption budget keep-s2 needs 1 healthy pods and has 1 currently" in refused[0][2]
-    cleanup(stack, ns)
+        assert {k: v for k, v in wait_for(budget, 60, "the disruption controller's status of keep-s2").items()
+                if k in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")} == {
+            "currentHealthy": 1, "desiredHealthy": 1, "disruptionsAllowed": 0, "expectedPods": 1}
+        submit(stack, ns, "big", 2)
+        big = wait_running(stack, ns, "big")
+        s1, s2 = wait_running(stack, ns, "s1"), wait_running(stack, ns, "s2")
+        time.sleep(1)  # two scheduling cycles after: a resent or late eviction would be in the audit log by now
+        s2_now = stack.api.kubectl("get", "pod", before["s2"][2], "-n", ns, "-o", "json")
+        after = budget()
+        s1_node, s2_node = before["s1"][0], before["s2"][0]
+        refused = events(stack, ns, "DefragmentationRefused")
+        assert (evictions(stack, ns), big[0], big[3], s2, s2_now["metadata"]["uid"], s1[0], s1[1], s1[3],
+                [(n, t) for n, t, _ in refused], [(n, t) for n, t, _ in events(stack, ns, "Defragmented")],
+                after and (after["currentHealthy"], after["disruptionsAllowed"])) == (
+            [(before["s2"][2], DRY, 429), (before["s1"][2], DRY, 201), (before["s1"][2], REAL, 201)],
+            s1_node, s1_node, before["s2"], s2_pod["metadata"]["uid"], s2_node, "s1-2", s2_node,
+            [("big", "Warning")], [("s1", "Warning")], (1, 0),
+        )
+        assert "The disruption budget keep-s2 needs 1 healthy pods and has 1 currently" in refused[0][2]
+    finally:
+        cleanup(stack, ns)  # the next test needs every GPU free
