@@ -50,6 +50,7 @@ AUDIT_POLICY = {
     ],
 }
 DEFRAGMENTATION = {"mode": "Enabled", "minRuntime": "1s", "maxMovesPerWindow": 10, "window": "1h"}
+KCM = "kube-controller-manager"
 DRY = "dry run"
 REAL = "eviction"
 
@@ -261,5 +262,39 @@ def test_a_budget_refuses_one_move_with_one_429_and_another_plan_runs(stack: Sta
             [("big", "Warning")], [("s1", "Warning")], (1, 0),
         )
         assert "The disruption budget keep-s2 needs 1 healthy pods and has 1 currently" in refused[0][2]
+    finally:
+        cleanup(stack, ns)  # the next test needs every GPU free
+
+
+def test_a_budget_not_yet_processed_refuses_the_move_once_and_its_429_is_not_resent(stack: Stack) -> None:
+    """kube-controller-manager stopped, a PodDisruptionBudget on s2's pod has no status yet: the API server answers
+    the dry-run eviction of s2's pod 429 with Retry-After 10 ("still being processed"); the operator sends it once,
+    refuses the plan (a Warning naming the budget) and moves s1 instead; once kube-controller-manager is back, s1 and
+    big run and s2's pod (same uid) runs on."""
+    ns = "defrag-unprocessed"
+    try:
+        before = fragment(stack, ns)
+        s2_uid = stack.api.kubectl("get", "pod", before["s2"][2], "-n", ns, "-o", "json")["metadata"]["uid"]
+        stack.cp.kill(KCM)
+        try:
+            stack.cp.kubectl("create", "-f", "-", input=json.dumps({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": "keep-s2", "namespace": ns},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"job-name": before["s2"][1]}}}}))
+            submit(stack, ns, "big", 2)
+            wait_for(lambda: [e for e in evictions(stack, ns) if e[1] == REAL], 60, "a move carried out")
+        finally:
+            stack.cp.start_component(KCM)
+        big = wait_running(stack, ns, "big")
+        s1, s2 = wait_running(stack, ns, "s1"), wait_running(stack, ns, "s2")
+        time.sleep(1)  # two scheduling cycles after: a resent or late eviction would be in the audit log by now
+        s2_now = stack.api.kubectl("get", "pod", before["s2"][2], "-n", ns, "-o", "json")
+        refused = events(stack, ns, "DefragmentationRefused")
+        assert (evictions(stack, ns), big[0], s1[0], s1[1], s2, s2_now["metadata"]["uid"],
+                [(n, t) for n, t, _ in refused]) == (
+            [(before["s2"][2], DRY, 429), (before["s1"][2], DRY, 201), (before["s1"][2], REAL, 201)],
+            before["s1"][0], before["s2"][0], "s1-2", before["s2"], s2_uid, [("big", "Warning")],
+        )
+        assert "The disruption budget keep-s2 is still being processed by the server" in refused[0][2]
     finally:
         cleanup(stack, ns)  # the next test needs every GPU free
