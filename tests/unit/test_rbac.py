@@ -32,6 +32,11 @@ CLIENT_VERBS = {
     "replace": "update",
     "delete": "delete",
 }
+# Writer methods that name no resource, -> the grant each needs (gputask.k8s.writer).
+WRITER_CALLS = {
+    "event": Grant("", "events", "create"),  # a core/v1 Event
+    "evict": Grant("", "pods/eviction", "create"),  # POST pods/NAME/eviction (Eviction API), dry run or not
+}
 RESOURCES = {name: value for name, value in vars(client_module).items() if isinstance(value, Resource)}
 WRAPPERS = ("at_version", "_resource")  # calls that give a resource constant at another version (DRA)
 # Calls whose resource is a variable with no resource constant in its function, each covered elsewhere: the writer
@@ -72,9 +77,10 @@ def _constants_in(function: ast.AST) -> list[Resource]:
 
 def api_calls(source: str, module: str = "") -> tuple[set[Grant], set[tuple[str, str, str]]]:
     """Grants needed by every API call of ``source``: ``<any receiver>.<verb>(RESOURCE, ...)`` (through the client,
-    the writer or anything else), ``<writer>.event(...)`` (create Events), and a call on a ``client`` or ``writer``
-    whose resource is a variable, with each resource constant its function names. Also returns the calls on a
-    client or writer whose resource could not be told at all: (module, verb, the argument's text)."""
+    the writer or anything else), ``<writer>.event(...)`` and ``<writer>.evict(...)`` (:data:`WRITER_CALLS`), and a
+    call on a ``client`` or ``writer`` whose resource is a variable, with each resource constant its function names.
+    Also returns the calls on a client or writer whose resource could not be told at all: (module, verb, the
+    argument's text)."""
     needed: set[Grant] = set()
     unresolved: set[tuple[str, str, str]] = set()
     tree = ast.parse(source)
@@ -87,8 +93,8 @@ def api_calls(source: str, module: str = "") -> tuple[set[Grant], set[tuple[str,
                 continue
             receiver, verb = node.func.value, node.func.attr
             receiver_name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
-            if verb == "event" and receiver_name == "writer":
-                needed.add(Grant("", "events", "create"))
+            if verb in WRITER_CALLS and receiver_name == "writer":
+                needed.add(WRITER_CALLS[verb])
                 continue
             if verb not in CLIENT_VERBS or not node.args:
                 continue
@@ -120,7 +126,8 @@ def package_calls(subpackage: str) -> set[Grant]:
 
 def test_client_call_scanner_reads_verb_resource_and_status_subresource() -> None:
     """The scanner maps each API call on a client.py constant, through the client or the writer, to its (group,
-    resource, verb); a variable resource to the constants its function names; an Event to events create."""
+    resource, verb); a variable resource to the constants its function names; an Event to events create, an eviction
+    to pods/eviction create."""
     source = (
         "async def f(self, client):\n"
         "    await self.client.create(JOBS, body, ns)\n"
@@ -130,6 +137,7 @@ def test_client_call_scanner_reads_verb_resource_and_status_subresource() -> Non
         "    await self.writer.patch(JOBS, name, body, ns)\n"
         "    await self.controller.writer.delete(PODS, name, ns)\n"
         "    await self.writer.event(involved, 'Normal', 'R', 'm')\n"
+        "    await self.executor.writer.evict(pod, ns, dry_run=True)\n"
         "    async for _ in self.client.watch(at_version(DEVICECLASSES, v)):\n"
         "        pass\n"
         "async def g(self, q):\n"
@@ -147,6 +155,7 @@ def test_client_call_scanner_reads_verb_resource_and_status_subresource() -> Non
         Grant("batch", "jobs", "patch"),
         Grant("", "pods", "delete"),
         Grant("", "events", "create"),
+        Grant("", "pods/eviction", "create"),
         Grant("resource.k8s.io", "deviceclasses", "watch"),
         Grant("gputask.io", "gpuclusterqueues/status", "patch"),
         Grant("gputask.io", "gpulocalqueues/status", "patch"),
@@ -168,6 +177,15 @@ def test_a_planted_missing_verb_fails_the_check() -> None:
     planted = granted - {Grant("batch", "jobs", "patch")}
     assert (package_calls("k8s") - planted, package_calls("k8s") - granted) == ({Grant("batch", "jobs", "patch")},
                                                                                set())
+
+
+def test_a_removed_eviction_grant_fails_the_check() -> None:
+    """Without ``create`` on pods/eviction (defragmentation's moves through the Eviction API, k8s.evictions) the
+    operator's check finds exactly that grant missing."""
+    granted = rbac.grants(rbac.OPERATOR) | rbac.grants(rbac.OPERATOR_LEADER_ELECTION)
+    planted = granted - {Grant("", "pods/eviction", "create")}
+    assert (package_calls("k8s") - planted, package_calls("k8s") - granted) == (
+        {Grant("", "pods/eviction", "create")}, set())
 
 
 def test_every_operator_api_call_is_granted() -> None:

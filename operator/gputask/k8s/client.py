@@ -16,7 +16,8 @@ Throttling is answered as client-go's rest client answers it (k8s.io/client-go/r
 after that many seconds, at most :data:`THROTTLE_RETRIES` times (client-go: 10) and never past the request's
 timeout in all. API Priority and Fairness and the max-in-flight filter reject with 429, ``Retry-After`` and a
 text/plain body ("Too many requests, please try again later.", k8s.io/apiserver/pkg/server/filters/maxinflight.go):
-the request was never served, so sending it again is safe whatever its verb.
+the request was never served, so sending it again is safe whatever its verb. A PodDisruptionBudget's 429 from the
+Eviction API is no throttling and is never sent again (:func:`_budget_refusal`).
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ class KubeClient:
                 renewed = True
                 if self._auth(fresh=True) != auth:
                     continue
-            wait = _throttle_wait_s(status, retry_after)
+            wait = None if _budget_refusal(status, payload) else _throttle_wait_s(status, retry_after)
             if wait is not None and throttled < THROTTLE_RETRIES and waited + wait <= self.timeout_s:
                 throttled, waited = throttled + 1, waited + wait
                 log.debug("%s %s answered %d with Retry-After %s: sent again in %gs", method, path, status,
@@ -483,6 +484,21 @@ def _throttle_wait_s(status: int, retry_after: str | None) -> float | None:
         return None
     seconds = _seconds(retry_after)
     return None if seconds is None else min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, seconds))
+
+
+def _budget_refusal(status: int, payload: bytes) -> bool:
+    """Whether an answer is the Eviction API's refusal by a PodDisruptionBudget (a 429 whose metav1 Status has a
+    cause of reason ``DisruptionBudget``), not throttling: never sent again here, even with the Retry-After (10 s)
+    of a budget the disruption controller has not processed yet; the caller decides (defragmentation refuses the plan
+    and plans again in a later cycle, k8s.evictions)."""
+    if status != 429 or not payload.startswith(b"{"):
+        return False
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return False
+    causes = ((body.get("details") or {}).get("causes") or []) if isinstance(body, dict) else []
+    return any(isinstance(c, dict) and c.get("reason") == "DisruptionBudget" for c in causes)
 
 
 def _seconds(value: Any) -> float | None:
