@@ -186,7 +186,9 @@ async def test_a_failed_node_under_one_pod_replaces_the_whole_gang(cluster: Clus
 
 async def test_a_gang_whose_pods_do_not_all_start_is_evicted_after_pod_start_timeout(cluster: Cluster) -> None:
     await add_nodes(cluster, "node-a", "node-b")
-    async with running_operator(cluster, Config(cycleInterval=0.2, podStartTimeout=1)):
+    # podStartTimeout counts from admission: long enough for the pins and three pods to start on a loaded machine
+    # (at 1 s the gang could be evicted, its pods gone, before the test had started any), short for a test.
+    async with running_operator(cluster, Config(cycleInterval=0.2, podStartTimeout=5)):
         _, names = await admitted_gang(cluster)
         await eventually(lambda: pinned(cluster, names))
         for name in names[:3]:  # the last worker never starts
