@@ -298,3 +298,42 @@ def test_a_mounted_tls_secret_is_served_and_its_ca_is_the_ca_bundle(tmp_path: An
     assert (server.certfile, server.pkeyfile, server.cafile, sorted(p.name for p in tmp_path.iterdir())) == (
         str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), str(tmp_path / "ca.crt"),
         ["ca.crt", "tls.crt", "tls.key"])
+
+
+class BatchValidation(FakeKubeClient):
+    """The fake API with batch/v1's rule on Job updates: the pod template may change only when the Job replaced is
+    suspended and has no ``status.startTime`` (kube-apiserver v1.28 answers 422 ``field is immutable``)."""
+
+    async def replace(self, res: Any, name: str, body: Any, namespace: str | None = None, *,
+                      guard: Any = None) -> dict[str, Any]:
+        from gputask.k8s.resources import ApiError
+
+        if res is JOBS:
+            old = await self.get(res, name, namespace)
+            if body["spec"]["template"] != old["spec"]["template"] and not (
+                    old["spec"].get("suspend") and not (old.get("status") or {}).get("startTime")):
+                raise ApiError(422, "Invalid", f'Job.batch "{name}" is invalid: spec.template: field is immutable')
+        return await super().replace(res, name, body, namespace, guard=guard)
+
+
+async def test_eviction_suspends_clears_the_start_time_then_restores_as_the_api_server_allows() -> None:
+    """A running admitted Job (the Job controller set its startTime): stopping it is three writes the real API
+    server accepts: suspend (template untouched), the status's startTime cleared, the template restored. Once
+    stopped it is suspended, startTime-less and exactly as the user wrote it; admitted again elsewhere, accepted."""
+    client = BatchValidation()
+    record, stored = _record(client, mutate_job(user_job()))
+    workload, writer = workload_of(record), Writer(client)
+    await workload.start(writer, workload.job_for(PLACEMENT, attempt=1, queue="cq"), "ml")
+    await client.patch(JOBS, "train", {"status": {"startTime": "2026-01-01T00:00:00Z", "active": 1}}, "ml",
+                       status=True)
+    client.calls.clear()
+    assert await workload.stop(writer, JobRecord("train", "ml", record.uid, 1, PLACEMENT), "NodeFailure") is True
+    (evicted,) = client.all(JOBS, "ml")
+    assert ([c[0] for c in client.calls if c[0] not in ("get", "list")], evicted["spec"]["suspend"],
+            "startTime" in evicted["status"], evicted["spec"]["template"] == stored["spec"]["template"]) == (
+        ["replace", "patch-status", "replace"], True, False, True)
+    again = workload.job_for(Placement.one(NodeName("node-c"), (GpuSlot(0, "GPU-0", 81920),)), attempt=2, queue="cq")
+    await workload.start(writer, again, "ml")
+    (readmitted,) = client.all(JOBS, "ml")
+    assert (readmitted["spec"]["suspend"], readmitted["spec"]["template"]["metadata"]["annotations"][
+        "gputask.io/visible-devices"]) == (False, "GPU-0")

@@ -132,6 +132,8 @@ OPERATOR: tuple[Rule, ...] = (
          "when it ends"),
     rule(JOBS, "update", why="an existing Job labelled gputask.io/queue-name: suspended when seen unsuspended, its "
          "placement written in and unsuspended, suspended and its template restored on eviction (k8s.userjobs)"),
+    rule(JOBS, "patch", sub="status", why="an existing Job suspended by gputask: its status.startTime cleared (as "
+         "Kueue's ResetStatus does), without which Kubernetes refuses any change of its template (k8s.userjobs)"),
     rule(GPUTASKS, "create", why="the GPUTask that is an existing Job's workload object (k8s.userjob_feed)"),
     rule(EVENTS, "create", why="Events on GPUTasks (the operator's and kopf's)"),
     rule(EVENTS, "list", why="a Job's FailedCreate Events, read when its pods do not start"),
