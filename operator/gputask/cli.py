@@ -380,6 +380,12 @@ def run(
     webhook_host: Annotated[str | None, typer.Option(
         help="The host name or address the API server calls the webhook at (default: the --webhook-listen host).")
     ] = None,
+    webhook_service: Annotated[str | None, typer.Option(
+        help="Register the webhook by this Service (NAMESPACE/NAME, on the --webhook-listen port) instead of a URL: "
+        "in a cluster, with a Service selecting the operator pods.")] = None,
+    webhook_cert_dir: Annotated[Path | None, typer.Option(
+        help="Serve tls.crt and tls.key of this directory (a mounted kubernetes.io/tls Secret; ca.crt, when there, "
+        "is the caBundle) instead of a self-signed certificate: the same certificate for every replica.")] = None,
 ) -> None:
     """Run the operator against a cluster."""
     import asyncio
@@ -394,10 +400,12 @@ def run(
         typer.echo(f"gputask: {exc}", err=True)
         raise typer.Exit(2) from None
     if webhook_listen is not None:
-        from gputask.k8s.webhook import parse_listen
+        from gputask.k8s.webhook import parse_listen, parse_service
 
         try:
             parse_listen(webhook_listen)
+            if webhook_service is not None:
+                parse_service(webhook_service)
         except ValueError as exc:
             typer.echo(f"gputask run: {exc}", err=True)
             raise typer.Exit(2) from None
@@ -413,7 +421,8 @@ def run(
     try:
         asyncio.run(run_operator(operator, peering=peering, liveness_endpoint=liveness, metrics_port=metrics_port,
                                  metrics_address=metrics_bind_address, verbose=verbose,
-                                 webhook_listen=webhook_listen, webhook_host=webhook_host))
+                                 webhook_listen=webhook_listen, webhook_host=webhook_host,
+                                 webhook_service=webhook_service, webhook_cert_dir=webhook_cert_dir))
     except OSError as exc:
         if exc.errno not in BIND_ERRORS:
             raise

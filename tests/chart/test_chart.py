@@ -78,7 +78,7 @@ def rule_grants(rules: list[dict[str, Any]]) -> frozenset[Grant]:
     )
 
 
-def rbac_problems(objects: list[dict[str, Any]], *, leader_election: bool = True) -> list[str]:
+def rbac_problems(objects: list[dict[str, Any]], *, leader_election: bool = True, webhook: bool = False) -> list[str]:
     """How the rendered roles differ from gputask.k8s.rbac: missing and extra grants; empty when equal."""
     expected = {
         ("ClusterRole", "gputask-operator"): rbac.grants(rbac.OPERATOR),
@@ -89,6 +89,8 @@ def rbac_problems(objects: list[dict[str, Any]], *, leader_election: bool = True
     }
     if leader_election:
         expected[("Role", "gputask-operator-leader-election")] = rbac.grants(rbac.OPERATOR_LEADER_ELECTION)
+    if webhook:
+        expected[("ClusterRole", "gputask-operator-webhook")] = rbac.grants(rbac.OPERATOR_WEBHOOK)
     roles = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("Role", "ClusterRole")}
     problems = [f"{kind} {name} is not in gputask.k8s.rbac" for kind, name in sorted(roles - set(expected))]
     for (kind, name), wanted in expected.items():
@@ -186,6 +188,11 @@ def test_each_ci_configuration_renders_the_expected_objects(rendered: dict[str, 
             ],
             [],
         ),
+        "webhook-values.yaml": variant([], [
+            ("ClusterRole", "", "gputask-operator-webhook"),
+            ("ClusterRoleBinding", "", "gputask-operator-webhook"),
+            ("Service", "gputask-system", "gputask-webhook"),
+        ]),
     }
 
 
@@ -310,6 +317,7 @@ def test_config_map_holds_configurations_the_operator_accepts(
         ),
         "servicemonitor-values.yaml": chart_default,
         "single-namespace-values.yaml": Config.model_validate({**lease, "namespace": "ml-team"}),
+        "webhook-values.yaml": chart_default,
     }
 
 
@@ -480,8 +488,10 @@ def test_pods_run_restricted(rendered: dict[str, list[dict[str, Any]]]) -> None:
         ["hostPID", ("pod-resources", "/var/lib/kubelet/pod-resources")],
         [("tmp", None), ("pod-resources", True)],
     )
+    webhook_operator = (*operator[:4], [("config", True), ("tmp", None), ("webhook-tls", True)])
     expected = {
-        (name, kind): operator if kind == "Deployment" else restricted if name.startswith("kind-fake") else real_agent
+        (name, kind): (webhook_operator if name.startswith("webhook") else operator) if kind == "Deployment"
+        else restricted if name.startswith("kind-fake") else real_agent
         for name, kind in seen
     }
     assert seen == expected and len(seen) == 2 * len(CI_VALUES)
@@ -519,7 +529,8 @@ def test_the_agent_reads_pod_resources_and_host_pids_by_default_and_each_can_be_
 def test_rbac_grants_exactly_what_the_code_needs(rendered: dict[str, list[dict[str, Any]]]) -> None:
     """The rendered ClusterRoles and Roles grant exactly the rules of gputask.k8s.rbac, no more, no less."""
     problems = {
-        name: rbac_problems(objects, leader_election=not name.startswith("single-namespace"))
+        name: rbac_problems(objects, leader_election=not name.startswith("single-namespace"),
+                            webhook=name.startswith("webhook"))
         for name, objects in rendered.items()
     }
     assert problems == {name: [] for name in rendered}
@@ -536,6 +547,43 @@ def test_more_than_one_replica_needs_leader_election(helm: str) -> None:
         (1, True),
         (0, False),
     ]
+
+
+def test_the_webhook_is_off_by_default_and_on_is_served_through_its_service_with_the_mounted_certificate(
+        helm: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """By default no webhook flag, port, Service or role. webhook.enabled: the operator serves on webhook.port and
+    registers by the Service (NAMESPACE/NAME) that selects the operator pods on that port, serving the mounted
+    certSecret; the role may patch only kopf's configuration gputask.io. Several replicas without certSecret (each
+    would self-sign) are refused."""
+    from gputask.k8s.webhook import CONFIGURATION
+
+    def webhook_args(objects: list[dict[str, Any]]) -> list[str]:
+        (container,) = find(objects, "Deployment", "gputask-operator")["spec"]["template"]["spec"]["containers"]
+        args = container["args"]
+        return [a for i, a in enumerate(args) if "webhook" in a or (i and "webhook" in args[i - 1])]
+
+    default, on = rendered["default-values.yaml"], rendered["webhook-values.yaml"]
+    deployment = find(on, "Deployment", "gputask-operator")
+    pod = deployment["spec"]["template"]["spec"]
+    service = find(on, "Service", "gputask-webhook")
+    patch_rule = next(r for r in find(on, "ClusterRole", "gputask-operator-webhook")["rules"] if "patch" in r["verbs"])
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "webhook-tls")
+    refused = helmtool.helm_run(helm, *helmtool.template_args(sets=["webhook.enabled=true"]), check=False)
+    single = helmtool.render(helm, sets=["webhook.enabled=true", "operator.replicas=1"])
+    assert (webhook_args(default), [o["metadata"]["name"] for o in default if "webhook" in o["metadata"]["name"]]) == (
+        [], [])
+    assert (webhook_args(on), [p for p in pod["containers"][0]["ports"] if p["name"] == "webhook"],
+            service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"],
+            service["spec"]["ports"], (mount["mountPath"], mount["readOnly"]),
+            next(v for v in pod["volumes"] if v["name"] == "webhook-tls")["secret"], patch_rule["resourceNames"]) == (
+        ["--webhook-listen", "0.0.0.0:9443", "--webhook-service", "gputask-system/gputask-webhook",
+         "--webhook-cert-dir", "/etc/gputask-webhook"],
+        [{"name": "webhook", "containerPort": 9443, "protocol": "TCP"}], True,
+        [{"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}],
+        ("/etc/gputask-webhook", True), {"secretName": "gputask-webhook-tls"}, [CONFIGURATION],
+    )
+    assert (refused.returncode, "needs webhook.certSecret" in refused.stderr, webhook_args(single)) == (
+        1, True, ["--webhook-listen", "0.0.0.0:9443", "--webhook-service", "gputask-system/gputask-webhook"])
 
 
 def test_leader_election_role_is_limited_to_the_configured_lease(helm: str) -> None:

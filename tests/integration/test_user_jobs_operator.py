@@ -63,9 +63,10 @@ async def test_a_labelled_job_is_admitted_preempted_restored_and_completed(clust
              "value": 1000})
         await cluster.submit(gputask("urgent", priorityClassName="high"))
 
-        async def suspended_again() -> dict[str, Any] | None:
+        async def suspended_again() -> dict[str, Any] | None:  # suspended, then its template restored: two writes
             found = await job_of(cluster, "train")
-            return found if found is not None and found["spec"].get("suspend") is True else None
+            return found if found is not None and found["spec"].get("suspend") is True and found["spec"][
+                "template"] == stored["spec"]["template"] else None
 
         evicted = await eventually(suspended_again, 20)
         assert evicted["spec"]["template"] == stored["spec"]["template"]

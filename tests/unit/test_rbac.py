@@ -318,3 +318,22 @@ async def test_the_pinning_checks_and_dra_objects_are_granted() -> None:
     await pinner.collect({}, 1)
     await pinner.rebuild([])
     assert (sorted(client.grants - rbac.grants(rbac.OPERATOR)), len(client.grants)) == ([], 10)
+
+
+def test_the_webhook_role_grants_what_kopfs_managed_configurations_write() -> None:
+    """With ``--webhook-listen`` kopf manages a configuration of each kind (settings.admission.managed): it creates
+    (409 ignored) and patches a Mutating- and a ValidatingWebhookConfiguration. rbac.OPERATOR_WEBHOOK grants
+    exactly create and patch on both kopf selectors' resources; rbac.OPERATOR grants neither (only the chart's
+    webhook.enabled binds them)."""
+    import kopf
+    from kopf._cogs.structs.references import MUTATING_WEBHOOK, VALIDATING_WEBHOOK  # what kopf's managers write
+
+    from gputask.k8s import webhook
+
+    settings = kopf.OperatorSettings()
+    webhook.configure(settings, "127.0.0.1:9443")
+    kopf_writes = {Grant(s.group or "", str(s.any_name), verb) for s in (MUTATING_WEBHOOK, VALIDATING_WEBHOOK)
+                   for verb in ("create", "patch")}
+    assert (settings.admission.managed, rbac.grants(rbac.OPERATOR_WEBHOOK),
+            {g for g in rbac.grants(rbac.OPERATOR) if g.group == "admissionregistration.k8s.io"}) == (
+        webhook.CONFIGURATION, kopf_writes, set())

@@ -240,3 +240,100 @@ def test_the_webhook_listens_where_told_with_a_certificate_for_that_host(tmp_pat
 def test_the_configuration_excludes_kube_system_by_default() -> None:
     assert Config().user_jobs.exclude_namespaces == ("kube-system",)
     assert Config.model_validate({"userJobs": {"excludeNamespaces": ["a"]}}).user_jobs.exclude_namespaces == ("a",)
+
+
+async def test_in_a_cluster_the_webhook_is_registered_by_its_service_with_a_certificate_for_the_service(
+        tmp_path: Any) -> None:
+    """``--webhook-service gputask-system/gputask-webhook``: the client configuration kopf writes names the Service
+    on the listening port (no URL) with the self-signed certificate as its caBundle, and that certificate is valid
+    for the Service's DNS names; a bad NAMESPACE/NAME is refused."""
+    import base64
+
+    import kopf
+    from cryptography import x509
+
+    from gputask.k8s.webhook import ServiceWebhookServer, configure, parse_service
+    from gputask.testing.controlplane import free_port
+
+    port = free_port()
+    settings = kopf.OperatorSettings()
+    configure(settings, f"127.0.0.1:{port}", certs=tmp_path, service="gputask-system/gputask-webhook")
+    server = settings.admission.server
+    assert isinstance(server, ServiceWebhookServer)
+
+    async def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("no request is made")
+
+    served = server(never)
+    config = await served.__anext__()
+    await served.aclose()
+    cert = (tmp_path / "webhook.crt").read_bytes()
+    sans = x509.load_pem_x509_certificate(cert).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert ({k: v for k, v in config.items() if k != "caBundle"}, base64.b64decode(config["caBundle"]),
+            sans.get_values_for_type(x509.DNSName)) == (
+        {"service": {"namespace": "gputask-system", "name": "gputask-webhook", "port": port, "path": ""}}, cert,
+        ["localhost", "gputask-webhook.gputask-system.svc", "gputask-webhook.gputask-system.svc.cluster.local"],
+    )
+    for bad in ("name", "/name", "ns/", "a/b/c"):
+        try:
+            parse_service(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+
+
+def test_a_mounted_tls_secret_is_served_and_its_ca_is_the_ca_bundle(tmp_path: Any) -> None:
+    """``--webhook-cert-dir``: kopf's server is given the Secret's tls.crt, tls.key and ca.crt (so every replica
+    serves one certificate and the caBundle is the CA that signed it); nothing self-signed is made."""
+    import kopf
+
+    from gputask.k8s.webhook import configure
+
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / name).write_text(name)
+    settings = kopf.OperatorSettings()
+    configure(settings, "0.0.0.0:9443", cert_dir=tmp_path, service="ns/svc")
+    server = settings.admission.server
+    assert (server.certfile, server.pkeyfile, server.cafile, sorted(p.name for p in tmp_path.iterdir())) == (
+        str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), str(tmp_path / "ca.crt"),
+        ["ca.crt", "tls.crt", "tls.key"])
+
+
+class BatchValidation(FakeKubeClient):
+    """The fake API with batch/v1's rule on Job updates: the pod template may change only when the Job replaced is
+    suspended and has no ``status.startTime`` (kube-apiserver v1.28 answers 422 ``field is immutable``)."""
+
+    async def replace(self, res: Any, name: str, body: Any, namespace: str | None = None, *,
+                      guard: Any = None) -> dict[str, Any]:
+        from gputask.k8s.resources import ApiError
+
+        if res is JOBS:
+            old = await self.get(res, name, namespace)
+            if body["spec"]["template"] != old["spec"]["template"] and not (
+                    old["spec"].get("suspend") and not (old.get("status") or {}).get("startTime")):
+                raise ApiError(422, "Invalid", f'Job.batch "{name}" is invalid: spec.template: field is immutable')
+        return await super().replace(res, name, body, namespace, guard=guard)
+
+
+async def test_eviction_suspends_clears_the_start_time_then_restores_as_the_api_server_allows() -> None:
+    """A running admitted Job (the Job controller set its startTime): stopping it is three writes the real API
+    server accepts: suspend (template untouched), the status's startTime cleared, the template restored. Once
+    stopped it is suspended, startTime-less and exactly as the user wrote it; admitted again elsewhere, accepted."""
+    client = BatchValidation()
+    record, stored = _record(client, mutate_job(user_job()))
+    workload, writer = workload_of(record), Writer(client)
+    await workload.start(writer, workload.job_for(PLACEMENT, attempt=1, queue="cq"), "ml")
+    await client.patch(JOBS, "train", {"status": {"startTime": "2026-01-01T00:00:00Z", "active": 1}}, "ml",
+                       status=True)
+    client.calls.clear()
+    assert await workload.stop(writer, JobRecord("train", "ml", record.uid, 1, PLACEMENT), "NodeFailure") is True
+    (evicted,) = client.all(JOBS, "ml")
+    assert ([c[0] for c in client.calls if c[0] not in ("get", "list")], evicted["spec"]["suspend"],
+            "startTime" in evicted["status"], evicted["spec"]["template"] == stored["spec"]["template"]) == (
+        ["replace", "patch-status", "replace"], True, False, True)
+    again = workload.job_for(Placement.one(NodeName("node-c"), (GpuSlot(0, "GPU-0", 81920),)), attempt=2, queue="cq")
+    await workload.start(writer, again, "ml")
+    (readmitted,) = client.all(JOBS, "ml")
+    assert (readmitted["spec"]["suspend"], readmitted["spec"]["template"]["metadata"]["annotations"][
+        "gputask.io/visible-devices"]) == (False, "GPU-0")

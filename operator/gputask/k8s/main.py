@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -102,11 +103,14 @@ async def run_operator(
     verbose: bool = False,
     webhook_listen: str | None = None,
     webhook_host: str | None = None,
+    webhook_service: str | None = None,
+    webhook_cert_dir: Path | None = None,
 ) -> None:
     """Run kopf with the operator's registry until ``stop_flag`` is set (or forever).
 
     ``webhook_listen`` (HOST:PORT) serves the admission webhook for labelled Jobs there and registers it by URL
-    (``https://<webhook_host or HOST>:PORT``, :mod:`gputask.k8s.webhook`); raises ValueError for a bad value.
+    (``https://<webhook_host or HOST>:PORT``, :mod:`gputask.k8s.webhook`), or by ``webhook_service``
+    (``NAMESPACE/NAME``) with the certificate of ``webhook_cert_dir`` when given; raises ValueError for a bad value.
 
     ``liveness_endpoint`` (e.g. ``http://0.0.0.0:8080/healthz``) is kopf's probe endpoint;
     ``metrics_port`` serves the operator's Prometheus metrics on ``metrics_address`` (default every interface).
@@ -117,7 +121,8 @@ async def run_operator(
     namespace = operator.config.namespace
     settings = operator_settings(peering=peering, verbose=verbose)
     if webhook_listen:
-        webhook.configure(settings, webhook_listen, host=webhook_host)
+        webhook.configure(settings, webhook_listen, host=webhook_host, service=webhook_service,
+                          cert_dir=webhook_cert_dir)
         webhook.register(operator.registry, operator.config)
     try:
         await kopf.operator(

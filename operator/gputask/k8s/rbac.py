@@ -50,6 +50,10 @@ from gputask.k8s.client import (
 )
 
 CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
+MUTATINGWEBHOOKCONFIGURATIONS = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                                         namespaced=False)
+VALIDATINGWEBHOOKCONFIGURATIONS = Resource("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                                           namespaced=False)
 
 # Everything the operator rebuilds its state from and keeps watching through its informers (handlers.REBUILD_ORDER and
 # pods), plus Kueue's LocalQueues (gputask mode) and Workloads (Kueue mode).
@@ -129,6 +133,8 @@ OPERATOR: tuple[Rule, ...] = (
          "when it ends"),
     rule(JOBS, "update", why="an existing Job labelled gputask.io/queue-name: suspended when seen unsuspended, its "
          "placement written in and unsuspended, suspended and its template restored on eviction (k8s.userjobs)"),
+    rule(JOBS, "patch", sub="status", why="an existing Job suspended by gputask: its status.startTime cleared (as "
+         "Kueue's ResetStatus does), without which Kubernetes refuses any change of its template (k8s.userjobs)"),
     rule(GPUTASKS, "create", why="the GPUTask that is an existing Job's workload object (k8s.userjob_feed)"),
     rule(PODS, "create", sub="eviction", why="defragmentation moves a task through the Eviction API (dry-run first, "
          "then for real) so that no PodDisruptionBudget is broken (k8s.evictions)"),
@@ -159,6 +165,18 @@ OPERATOR: tuple[Rule, ...] = (
 # The operator's Role in the Lease's namespace, only with ``config.leaderElection``.
 OPERATOR_LEADER_ELECTION: tuple[Rule, ...] = (
     rule(LEASES, "get", "create", "update", why="campaign for, renew and take over the leader Lease"),
+)
+
+# The operator's ClusterRole for the Jobs' admission webhook, only with ``--webhook-listen`` (chart value
+# webhook.enabled): kopf's managed configuration (settings.admission.managed, gputask.k8s.webhook.CONFIGURATION).
+# kopf runs a manager for each kind of configuration once one is managed, the validating one too (with no
+# webhooks: gputask has no validating handler), and stops the operator when a create is forbidden. The chart
+# limits patch to the one name (resourceNames); create cannot be (RBAC does not know a name before the object).
+OPERATOR_WEBHOOK: tuple[Rule, ...] = (
+    rule(MUTATINGWEBHOOKCONFIGURATIONS, "create", "patch", why="kopf creates its MutatingWebhookConfiguration "
+         "gputask.io when absent (409 ignored) and patches in the webhook's URL or Service and its caBundle"),
+    rule(VALIDATINGWEBHOOKCONFIGURATIONS, "create", "patch", why="kopf's validating manager does the same for "
+         "a ValidatingWebhookConfiguration gputask.io of no webhooks (it runs once any configuration is managed)"),
 )
 
 # What namespace users get through Kubernetes' aggregated user-facing roles (chart value

@@ -34,7 +34,7 @@ from gputask.k8s.feeds import Feed, Host, job_key
 from gputask.k8s.jobrecords import job_outcome
 from gputask.k8s.jobs import TASK_UID_ANNOTATION
 from gputask.k8s.tasks import PLACED_PHASES
-from gputask.k8s.userjobs import opted_in, refusal, rewrite, task_name, workload_task
+from gputask.k8s.userjobs import opted_in, refusal, suspend, task_name, workload_task
 
 log = logging.getLogger("gputask.userjobs")
 
@@ -130,7 +130,7 @@ class UserJobFeed(Feed):
         if job_outcome(job) is not None and not admitted(job):
             return  # ended before gputask admitted it (it ran unsuspended): nothing to queue
         if not suspended(job) and not admitted(job):
-            await rewrite(writer, name, namespace, _suspend)
+            await suspend(writer, name, namespace, _suspend, restore_template=False)  # startTime cleared too
             await writer.event(involved(job), "Warning", SUSPENDED_ON_SIGHT,
                                "gputask suspended this Job when it saw it: it was not created suspended (the "
                                "admission webhook was off or bypassed), so its pods may have started before; they "

@@ -358,6 +358,11 @@ class Api(Protocol):
         """PUT ``body`` (with its resourceVersion: a 409 when the object changed meanwhile)."""
         ...
 
+    async def patch(self, res: Resource, name: str, patch: Any, namespace: str | None = None, *,
+                    status: bool = False) -> dict[str, Any]:
+        """Merge-patch the object or (``status``) its status."""
+        ...
+
 
 def admit(job: Mapping[str, Any], admission: Mapping[str, Any]) -> dict[str, Any]:
     """``job`` as it is admitted: ``admission`` (what :meth:`UserJobWorkload.job_for` returns) gives the Job's labels
@@ -375,18 +380,36 @@ def admit(job: Mapping[str, Any], admission: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def suspend_and_restore(job: Mapping[str, Any]) -> dict[str, Any]:
-    """``job`` evicted: ``spec.suspend: true`` (the Job controller removes its pods), the template's changeable
-    fields put back exactly as the user wrote them (:func:`original_fields`), and the admission's task uid and
-    placement annotations removed (it holds nothing once its pods are gone). Kueue's ``RestorePodSetsInfo``."""
+def suspend_admitted(job: Mapping[str, Any]) -> dict[str, Any]:
+    """``job`` evicted, the first write: ``spec.suspend: true`` (the Job controller removes its pods) and the
+    admission's task uid and placement annotations removed (it holds nothing once its pods are gone); the template
+    as it is (Kubernetes refuses a template change in the same write: the Job it replaces is not suspended)."""
     out = copy.deepcopy(dict(job))
     meta = out["metadata"]
     annotations = meta["annotations"] = dict(meta.get("annotations") or {})
-    out["spec"]["template"] = with_fields(out["spec"].get("template") or {}, original_fields(job))
     for key in (TASK_UID_ANNOTATION, PLACEMENT_ANNOTATION):
         annotations.pop(key, None)
-    out["spec"]["suspend"] = True
+    out.setdefault("spec", {})["suspend"] = True
     return out
+
+
+def restore(job: Mapping[str, Any]) -> dict[str, Any]:
+    """``job`` with its template's changeable fields put back exactly as the user wrote them
+    (:func:`original_fields`). Kueue's ``RestorePodSetsInfo``."""
+    out = copy.deepcopy(dict(job))
+    out["spec"]["template"] = with_fields(out["spec"].get("template") or {}, original_fields(job))
+    return out
+
+
+def suspend_and_restore(job: Mapping[str, Any]) -> dict[str, Any]:
+    """``job`` as eviction leaves it (:func:`suspend_admitted`, then :func:`restore`): suspended, its template's
+    fields exactly as the user wrote them, nothing of the admission left but the kept original."""
+    return restore(suspend_admitted(job))
+
+
+def restored(job: Mapping[str, Any]) -> bool:
+    """True when the template's changeable fields are those the user wrote (:func:`original_fields`)."""
+    return scheduling_fields((job.get("spec") or {}).get("template") or {}) == original_fields(job)
 
 
 async def rewrite(api: Api, name: str, namespace: str, change: Any) -> dict[str, Any] | None:
@@ -405,6 +428,29 @@ async def rewrite(api: Api, name: str, namespace: str, change: Any) -> dict[str,
             if exc.status != 409 or tries == CONFLICT_RETRIES:
                 raise
     return None  # not reached
+
+
+async def suspend(api: Api, name: str, namespace: str, change: Any = suspend_admitted, *,
+                  restore_template: bool = True) -> dict[str, Any] | None:
+    """Suspend Job ``namespace/name`` so that its template can change again, and (``restore_template``) put its
+    template back as the user wrote it. batch/v1 lets a Job's pod template change only while the Job it replaces is
+    suspended and has no ``status.startTime`` (``AllowMutableSchedulingDirectives``), and the Job controller keeps
+    ``startTime`` when a Job is suspended; so, as Kueue's job integration does (``StopJob``, ``ResetStatus``,
+    ``RestorePodSetsInfo``), up to three writes: PUT ``change(job)`` (:func:`suspend_admitted`), merge-patch the
+    status's ``startTime`` away when set, PUT :func:`restore` when the template is not restored already. Returns the
+    Job as last written or read; None when it is gone. Raises :class:`ApiError` (the last 409 after
+    :data:`CONFLICT_RETRIES` re-reads)."""
+    job = await rewrite(api, name, namespace, change)
+    if job is None:
+        return None
+    if (job.get("status") or {}).get("startTime"):
+        try:
+            job = await api.patch(JOBS, name, {"status": {"startTime": None}}, namespace, status=True)
+        except NotFound:
+            return None
+    if restore_template and not restored(job):
+        return await rewrite(api, name, namespace, restore)
+    return job
 
 
 class UserJobWorkload:
@@ -495,10 +541,10 @@ class UserJobWorkload:
         return "Background"
 
     async def stop(self, api: Api, job: JobRecord, reason: str) -> bool:
-        """Suspend ``job`` and restore its template (:func:`suspend_and_restore`); False when it was gone already.
+        """Suspend ``job`` and restore its template (:func:`suspend`); False when it was gone already.
         Its GPUs stay held until none of its pods is bound (the feed tells the controller once it is suspended
         and has no active pod, :mod:`gputask.k8s.userjob_feed`)."""
-        return await rewrite(api, job.name, job.namespace, suspend_and_restore) is not None
+        return await suspend(api, job.name, job.namespace) is not None
 
     def finished(self, job: Mapping[str, Any]) -> tuple[str, str] | None:
         """(Succeeded or Failed, why) from the Job's conditions."""
@@ -521,5 +567,6 @@ def is_user_job_task(obj: Mapping[str, Any]) -> bool:
 __all__ = [
     "DEVICES_ANNOTATION", "GPU_REQUEST_ANNOTATION", "MEMORY_ANNOTATION", "ORIGINAL_ANNOTATION", "QUEUE_NAME_LABEL",
     "UserJobWorkload", "admit", "admitted_template", "gpu_request", "is_user_job_task", "mutate_job", "opted_in",
-    "pod_count", "refusal", "requested", "scheduling_fields", "suspend_and_restore", "task_name", "workload_task",
+    "pod_count", "refusal", "requested", "restore", "restored", "scheduling_fields", "suspend", "suspend_admitted",
+    "suspend_and_restore", "task_name", "workload_task",
 ]

@@ -10,6 +10,12 @@ self-signed certificate made here (``cryptography``; kopf's own generator needs 
 not install) for that host and ``--webhook-host``, and kopf's managed MutatingWebhookConfiguration
 (``settings.admission.managed``, named :data:`CONFIGURATION`), registered by URL with the certificate as its
 ``caBundle``. kopf deletes that configuration when the operator stops.
+
+In a cluster (the chart's ``webhook.enabled``) ``--webhook-service NAMESPACE/NAME`` registers it by a Service
+reference instead of a URL (:class:`ServiceWebhookServer`; the API server resolves a Service, not cluster DNS), and
+``--webhook-cert-dir DIR`` serves the certificate of a mounted ``kubernetes.io/tls`` Secret (``tls.crt``,
+``tls.key``, and ``ca.crt`` as the ``caBundle`` when present: cert-manager writes all three), so every replica
+serves the same certificate; kopf re-reads the files when they change (a rotation) and patches the configuration.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import datetime
 import ipaddress
 import logging
 import tempfile
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +61,23 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
         patch.fns.append(apply)
 
 
-def self_signed(host: str, directory: Path, *, days: int = 365) -> tuple[Path, Path]:
+def self_signed(host: str, directory: Path, *, days: int = 365, names: Sequence[str] = ()) -> tuple[Path, Path]:
     """A self-signed certificate and its key (PEM files in ``directory``) for ``host`` (an IP address or a DNS
-    name; ``localhost`` and ``127.0.0.1`` are added). Returns (certificate, key)."""
+    name; ``localhost``, ``127.0.0.1`` and the DNS ``names`` are added), valid ``days`` days. Returns
+    (certificate, key)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    names_extra = list(names)
     key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     try:
         names.append(x509.IPAddress(ipaddress.ip_address(host)))
     except ValueError:
         names.append(x509.DNSName(host))
+    names += [x509.DNSName(n) for n in names_extra]
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host[:64])])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
@@ -94,19 +104,63 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class ServiceWebhookServer(kopf.WebhookServer):
+    """kopf's webhook server, registered by a Service reference: each client configuration kopf's server yields
+    (``url``, ``caBundle``) becomes ``service: {namespace, name, port}`` with the same ``caBundle``; kopf appends
+    the handler's id to the Service's ``path`` as it does to a URL."""
+
+    def __init__(self, *, service_namespace: str, service_name: str, service_port: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.service = {"namespace": service_namespace, "name": service_name, "port": service_port}
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        """Serve as kopf's server does; yield each client configuration by Service."""
+        async for config in super().__call__(fn):
+            found: dict[str, Any] = {"service": {**self.service, "path": ""}}
+            if "caBundle" in config:
+                found["caBundle"] = config["caBundle"]
+            yield found
+
+
+def parse_service(service: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` as (namespace, name); ValueError otherwise."""
+    namespace, sep, name = service.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"--webhook-service {service!r}: give NAMESPACE/NAME, e.g. gputask-system/gputask-webhook")
+    return namespace, name
+
+
 def configure(settings: kopf.OperatorSettings, listen: str, *, host: str | None = None,
-              certs: Path | None = None) -> None:
-    """Serve the webhook on ``listen`` (HOST:PORT) and let kopf register it by URL (``https://<host>:<port>``,
-    ``host`` defaulting to the listening host), with a self-signed certificate written to ``certs`` (default a new
-    temporary directory). Raises ValueError for a bad ``listen``."""
+              certs: Path | None = None, service: str | None = None, cert_dir: Path | None = None) -> None:
+    """Serve the webhook on ``listen`` (HOST:PORT) and let kopf register it: by URL (``https://<host>:<port>``,
+    ``host`` defaulting to the listening host), or with ``service`` (``NAMESPACE/NAME``) by that Service, on the
+    same port. The certificate: ``cert_dir``'s ``tls.crt`` and ``tls.key`` (``ca.crt`` as the ``caBundle`` when
+    there, else ``tls.crt``) when given; otherwise a self-signed one (for the host, and for the Service's DNS
+    names) written to ``certs`` (default a new temporary directory). Raises ValueError for a bad ``listen`` or
+    ``service``."""
     addr, port = parse_listen(listen)
     public = host or addr
-    directory = certs or Path(tempfile.mkdtemp(prefix="gputask-webhook-"))
-    cert, key = self_signed(public, directory)
-    settings.admission.server = kopf.WebhookServer(addr=addr, port=port, host=public, certfile=str(cert),
-                                                   pkeyfile=str(key))
+    target = parse_service(service) if service else None
+    if cert_dir is not None:
+        cert, key = cert_dir / "tls.crt", cert_dir / "tls.key"
+        ca: Path | None = cert_dir / "ca.crt" if (cert_dir / "ca.crt").is_file() else None
+    else:
+        directory = certs or Path(tempfile.mkdtemp(prefix="gputask-webhook-"))
+        names = [f"{target[1]}.{target[0]}.svc", f"{target[1]}.{target[0]}.svc.cluster.local"] if target else []
+        cert, key = self_signed(public, directory, names=names)
+        ca = None
+    tls = {"certfile": str(cert), "pkeyfile": str(key), "cafile": str(ca) if ca else None}
+    if target is not None:
+        settings.admission.server = ServiceWebhookServer(service_namespace=target[0], service_name=target[1],
+                                                         service_port=port, addr=addr, port=port, **tls)
+        where = f"Service {target[0]}/{target[1]} port {port}"
+    else:
+        settings.admission.server = kopf.WebhookServer(addr=addr, port=port, host=public, **tls)
+        where = f"https://{public}:{port}"
     settings.admission.managed = CONFIGURATION
-    log.info("serving the Jobs' admission webhook on https://%s:%d (registered as %s)", public, port, CONFIGURATION)
+    log.info("serving the Jobs' admission webhook on %s:%d, called at %s (registered as %s)", addr, port, where,
+             CONFIGURATION)
 
 
-__all__ = ["CONFIGURATION", "configure", "parse_listen", "register", "self_signed"]
+__all__ = ["CONFIGURATION", "ServiceWebhookServer", "configure", "parse_listen", "parse_service", "register",
+           "self_signed"]
