@@ -133,6 +133,19 @@ def test_jobs_gputask_cannot_run_wait_with_a_reason() -> None:
     assert "without gputask's webhook" in str(refusal(user_job(), Pinning()))
 
 
+def test_a_job_created_without_the_webhook_is_told_the_resources_it_still_requests() -> None:
+    """The refusal names what the containers ask of the device plugin: a shared request's gputask.io/gpu-memory
+    alone is not called nvidia.com/gpu (a new user read that of the README's own shared Job)."""
+    shared = user_job()
+    for kind in ("initContainers", "containers"):
+        for container in shared["spec"]["template"]["spec"][kind]:
+            container["resources"] = {"limits": {"gputask.io/gpu-memory": "4Gi"}} if container["name"] == "trainer" \
+                else {}
+    assert str(refusal(shared, Pinning())).startswith("its containers still request gputask.io/gpu-memory in their "
+                                                      "resources (it was created without gputask's webhook)")
+    assert str(refusal(user_job(), Pinning())).startswith("its containers still request nvidia.com/gpu in their")
+
+
 def _record(client: FakeKubeClient, job: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     stored_job = client.put(JOBS, job, "ml")
     task = client.put(GPUTASKS, workload_task(stored_job), "ml")

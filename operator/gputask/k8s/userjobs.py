@@ -220,10 +220,13 @@ def refusal(job: Mapping[str, Any], pinning: Pinning) -> str | None:
         return (f"a Job running {pod_count(job)} pods at once needs per-pod pinning, which gputask does not give "
                 "existing Jobs yet; set parallelism 1, or submit a GPUTask with podSets")
     pod_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    if gpu_request(pod_spec) is not None:
-        return ("its containers still request nvidia.com/gpu (it was created without gputask's webhook), and a Job's "
-                "resources cannot change after creation: re-create it with the webhook on, or move the request "
-                f"into the {GPU_REQUEST_ANNOTATION} annotation yourself")
+    found = gpu_request(pod_spec)
+    if found is not None:
+        names = sorted({name for per in (found.get("containers") or {}).values() for name in per})
+        asked = " and ".join(names) or f"{GPU_RESOURCE} or {GPU_MEMORY_RESOURCE}"
+        return (f"its containers still request {asked} in their resources (it was created without gputask's "
+                "webhook), and a Job's resources cannot change after creation: re-create it with the webhook on, or "
+                f"move the request into the {GPU_REQUEST_ANNOTATION} annotation yourself")
     request = requested(job)
     if request is None or int(request.get("gpus") or 0) < 1:
         return f"it requests no GPU (no nvidia.com/gpu, no {GPU_REQUEST_ANNOTATION} annotation)"
