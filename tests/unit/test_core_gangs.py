@@ -195,3 +195,13 @@ def test_explain_shows_a_gangs_best_partial_placement_and_what_blocks_the_rest()
         f"workers-0 on a1: {gpus}", f"workers-1 on a2: {gpus}", f"workers-2 on a3: {gpus}", "workers-3: no node",
         "blocked (domain example.com/rack=r1): 3/4 pods placeable together: 4 nodes have room for a pod of PodSet "
         "'workers' (8 GPUs idle), at most 3 of them in one example.com/rack domain")
+
+
+def test_explain_says_a_gang_does_not_fit_now_while_single_pods_would() -> None:
+    """A gang bound to a rack label no node has: every node could take one of its pods, yet the gang fits nowhere,
+    so explain must not say it fits now (a new user saw "It fits now" beside "0/3 pods placeable together")."""
+    s = scheduler([node("a1", 8), node("a2", 8)])
+    s.submit(gang("g", 3, 1, required=RACK))
+    s.cycle()
+    [view] = diagnose(s, TaskKey("ns/g")).flavors
+    assert (view.gang_fits, view.fits_now, [n.admits for n in view.nodes]) == (False, False, [True, True])

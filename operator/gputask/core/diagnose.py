@@ -91,10 +91,15 @@ class FlavorView:
     preemption: PreemptionView
     ever: bool = True
     gang: tuple[str, ...] = ()
+    gang_fits: bool | None = None
 
     @property
     def fits_now(self) -> bool:
-        """True when a node takes it now within quota: the next cycle admits it unless tasks ahead take the room."""
+        """True when it is placeable now within quota: the next cycle admits it unless tasks ahead take the room. A
+        gang (``gang_fits`` not None) fits only when every pod has a node at once and the whole charge is within
+        quota; one pod fitting a node says nothing of the gang."""
+        if self.gang_fits is not None:
+            return self.gang_fits
         return any(n.admits for n in self.nodes)
 
 
@@ -224,8 +229,13 @@ def _flavor_view(scheduler: SchedulerView, task: Task) -> FlavorView:
         needs = min((c.get(resource, 0) for c in charges), default=amount)
         lines.append(QuotaLine(resource, needs, quotas.available(task.queue, resource), _unit(resource)))
     ever = any(could_ever_fit(state, task) for state in scheduler.cluster.sorted_nodes())
-    gang = _gang_lines(scheduler, task) if task.gang else ()
-    return FlavorView(task.flavor, tuple(lines), tuple(verdicts), _preemption(scheduler, task, least), ever, gang)
+    gang: tuple[str, ...] = ()
+    gang_fits: bool | None = None
+    if task.gang:
+        placed, _, refused = scheduler.try_place(task)
+        gang, gang_fits = _gang_lines(scheduler, task), placed is not None and refused is None
+    return FlavorView(task.flavor, tuple(lines), tuple(verdicts), _preemption(scheduler, task, least), ever, gang,
+                      gang_fits)
 
 
 def _gang_lines(scheduler: SchedulerView, task: Task) -> tuple[str, ...]:
