@@ -9,8 +9,9 @@ operator requires); every Job, Service and patch is the operator's own.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
+import pytest
 from test_adapter import Parts
 
 from gputask.config import Config
@@ -184,3 +185,43 @@ async def test_dra_pinning_refuses_a_gang_with_its_reason() -> None:
     assert parts.client.all(JOBS, "ns") == []
     admitted = next(c for c in parts.status("g")["conditions"] if c["type"] == "Admitted")
     assert "cannot pin a gang's pods one by one" in admitted["message"]
+
+
+async def test_a_refused_pin_is_sent_again_after_a_doubling_backoff_not_every_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pin the API server refuses (422) waits 10 s, then 20 s, before it is sent again: the loop's passes in
+    between send nothing (no hot retry); once accepted it is no longer owed."""
+    from gputask.k8s import gangwrites
+    from gputask.k8s.resources import ApiError
+    from gputask.k8s.writer import Writer
+
+    sent: list[str] = []
+    answers = [ApiError(422, "Invalid", "spec: Forbidden"), ApiError(422, "Invalid", "spec: Forbidden"), None]
+
+    class Writes:
+        async def patch(self, resource: Any, name: str, patch: Any, namespace: str) -> None:
+            sent.append(name)
+            answer = answers.pop(0)
+            if answer is not None:
+                raise answer
+
+    clock = [1000.0]
+    monkeypatch.setattr(gangwrites.time, "monotonic", lambda: clock[0])
+
+    async def nothing(*_: Any) -> None:
+        return None
+
+    writes = gangwrites.GangWrites(cast(Writer, Writes()), nothing, nothing)
+    await writes.pin({"ns/p-0": ("ns", "p-0", {})})
+    for at in (1001.0, 1009.9):  # passes inside the first backoff
+        clock[0] = at
+        await writes.pin({})
+    clock[0] = 1010.0
+    await writes.pin({})  # the second try, refused: 20 s now
+    clock[0] = 1029.9
+    await writes.pin({})
+    clock[0] = 1030.0
+    await writes.pin({})  # accepted
+    clock[0] = 2000.0
+    await writes.pin({})
+    assert (sent, writes.unpinned, writes.refused) == (["p-0", "p-0", "p-0"], {}, {})

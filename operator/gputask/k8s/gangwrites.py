@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,9 +26,12 @@ from gputask.k8s.client import AlreadyExists, ApiError, Conflict, Fenced, NotFou
 from gputask.k8s.jobrecords import JobRecord, job_record
 from gputask.k8s.outcomes import Outcome, Rejected, Step, Stop
 from gputask.k8s.records import TaskRecord
-from gputask.k8s.resources import PODS, SERVICES
+from gputask.k8s.resources import PODS, SERVICES, doubling_backoff_s
 from gputask.k8s.workload import Workload
 from gputask.k8s.writer import Writer
+
+BACKOFF_BASE_S = 10.0  # a refused pin's first wait, doubling (the executor's Job backoff)
+BACKOFF_MAX_S = 300.0
 
 log = logging.getLogger("gputask.gangs")
 
@@ -45,6 +49,7 @@ class GangWrites:
         self._carry_out = carry_out
         self.sent: dict[str, tuple[Workload, list[JobRecord]]] = {}  # task key -> the other Jobs of its admission
         self.unpinned: dict[str, tuple[str, str, dict[str, Any]]] = {}  # pod key -> (namespace, name, patch) to retry
+        self.refused: dict[str, tuple[int, float]] = {}  # pod key -> (pins refused in a row, monotonic time to retry)
 
     async def prepare(self, record: TaskRecord, workload: Workload, service: Mapping[str, Any] | None,
                       others: Sequence[Mapping[str, Any]], attempt: int) -> bool:
@@ -89,20 +94,28 @@ class GangWrites:
     async def pin(self, pins: Mapping[str, tuple[str, str, dict[str, Any]]]) -> None:
         """Send the pod pins queued by the controller and those still owed; see the module docstring."""
         self.unpinned.update(pins)
+        now = time.monotonic()
         for key, (namespace, name, patch) in list(self.unpinned.items()):
+            failures, retry_at = self.refused.get(key, (0, 0.0))
+            if retry_at > now and key not in pins:
+                continue  # refused before: tried again after the operator's doubling backoff, not every pass
             try:
                 await self.writer.patch(PODS, name, patch, namespace)
             except (Conflict, NotFound, Fenced):
                 pass  # read again (a newer event pins it), gone, or not leading
             except ApiError as exc:
-                log.warning("pinning pod %s failed (%s); tried again", key, exc)
+                delay = doubling_backoff_s(failures + 1, BACKOFF_BASE_S, BACKOFF_MAX_S)
+                self.refused[key] = (failures + 1, now + delay)
+                log.warning("pinning pod %s failed (%s); tried again in %.0f s", key, exc, delay)
                 continue
             self.unpinned.pop(key, None)
+            self.refused.pop(key, None)
 
     def reset(self) -> None:
         """Forget what is owed (a rebuild finds gated pods again)."""
         self.sent.clear()
         self.unpinned.clear()
+        self.refused.clear()
 
 
 __all__ = ["ABANDONED", "GangWrites"]
